@@ -1,0 +1,236 @@
+package ferry
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// Broker is the in-process owner of topics, queues, cursors and group
+// membership. Producers and consumers are made from it.
+//
+// A Broker is safe for concurrent use. It starts no goroutine of its own;
+// Close closes the queues it opened and the stores it created itself.
+type Broker struct {
+	storage     Storage
+	cursors     CursorStore
+	log         *slog.Logger
+	ownsStorage bool
+	ownsCursors bool
+
+	// topics is copy-on-write: Send reads it without a lock.
+	topics atomic.Pointer[map[string]*topicState]
+	closed atomic.Bool
+
+	mu sync.Mutex // serializes CreateTopic and Close
+}
+
+// topicState is a topic and its open queues; immutable once published.
+type topicState struct {
+	meta   TopicMeta
+	queues []Queue
+}
+
+// BrokerOption configures a Broker.
+type BrokerOption func(*brokerConfig)
+
+type brokerConfig struct {
+	storage Storage
+	cursors CursorStore
+	log     *slog.Logger
+}
+
+// WithStorage sets where queues and topic metadata live. Default: a new
+// [MemoryStorage], closed with the broker. A storage passed here stays the
+// caller's to close, after the broker.
+func WithStorage(s Storage) BrokerOption { return func(c *brokerConfig) { c.storage = s } }
+
+// WithCursorStore sets where consumer cursors persist. Default: a new
+// [MemoryCursorStore], closed with the broker. A store passed here stays
+// the caller's to close, after the broker.
+func WithCursorStore(s CursorStore) BrokerOption { return func(c *brokerConfig) { c.cursors = s } }
+
+// WithLogger sets the logger for events worth knowing (rebalances, cursor
+// resets, dead letters). Default: discard.
+func WithLogger(l *slog.Logger) BrokerOption { return func(c *brokerConfig) { c.log = l } }
+
+// NewBroker returns a broker. It reloads and opens the topics the storage
+// already holds, so a persistent storage brings its topics back.
+func NewBroker(opts ...BrokerOption) (*Broker, error) {
+	var c brokerConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	b := &Broker{storage: c.storage, cursors: c.cursors, log: c.log}
+	if b.storage == nil {
+		b.storage, b.ownsStorage = NewMemoryStorage(), true
+	}
+	if b.cursors == nil {
+		b.cursors, b.ownsCursors = NewMemoryCursorStore(), true
+	}
+	if b.log == nil {
+		b.log = slog.New(slog.DiscardHandler)
+	}
+	b.topics.Store(&map[string]*topicState{})
+	metas, err := b.storage.Topics(context.Background())
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("ferry: new broker: load topics: %w", err), b.closeStores())
+	}
+	for _, meta := range metas {
+		t, err := b.openTopic(context.Background(), meta.Normalized())
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("ferry: new broker: %w", err), b.Close())
+		}
+		b.publish(t)
+	}
+	return b, nil
+}
+
+// CreateTopic creates a topic and opens its queues. It is idempotent for
+// equal metadata (after defaults are applied, see [TopicMeta.Normalized]);
+// different metadata for an existing name is [ErrTopicExists]; invalid
+// metadata is [ErrInvalidTopic].
+func (b *Broker) CreateTopic(ctx context.Context, meta TopicMeta) error {
+	if err := meta.Validate(); err != nil {
+		return fmt.Errorf("ferry: create topic: %w", err)
+	}
+	meta = meta.Normalized()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return fmt.Errorf("ferry: create topic %q: %w", meta.Name, ErrClosed)
+	}
+	if t, ok := (*b.topics.Load())[meta.Name]; ok {
+		if t.meta == meta {
+			return nil
+		}
+		return fmt.Errorf("ferry: create topic %q: %w: have %+v, asked %+v", meta.Name, ErrTopicExists, t.meta, meta)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("ferry: create topic %q: %w", meta.Name, err)
+	}
+	if err := b.storage.SaveTopic(ctx, meta); err != nil {
+		return fmt.Errorf("ferry: create topic %q: %w", meta.Name, err)
+	}
+	t, err := b.openTopic(ctx, meta)
+	if err != nil {
+		return fmt.Errorf("ferry: create topic: %w", err)
+	}
+	b.publish(t)
+	b.log.Info("ferry: topic created", "topic", meta.Name, "queues", meta.Queues)
+	return nil
+}
+
+// openTopic opens every queue of meta; on error it closes those it opened.
+func (b *Broker) openTopic(ctx context.Context, meta TopicMeta) (*topicState, error) {
+	t := &topicState{meta: meta, queues: make([]Queue, meta.Queues)}
+	for i := range t.queues {
+		q, err := b.storage.OpenQueue(ctx, meta, i)
+		if err != nil {
+			for _, q := range t.queues[:i] {
+				_ = q.Close()
+			}
+			return nil, fmt.Errorf("open topic %q queue %d: %w", meta.Name, i, err)
+		}
+		t.queues[i] = q
+	}
+	return t, nil
+}
+
+// publish adds t to the topic map. b.mu must be held (or b not yet shared).
+func (b *Broker) publish(t *topicState) {
+	old := *b.topics.Load()
+	next := make(map[string]*topicState, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[t.meta.Name] = t
+	b.topics.Store(&next)
+}
+
+// Topic returns the metadata of the named topic.
+func (b *Broker) Topic(name string) (TopicMeta, bool) {
+	t, ok := (*b.topics.Load())[name]
+	if !ok {
+		return TopicMeta{}, false
+	}
+	return t.meta, true
+}
+
+// Topics returns the metadata of every topic, sorted by name.
+func (b *Broker) Topics() []TopicMeta {
+	m := *b.topics.Load()
+	out := make([]TopicMeta, 0, len(m))
+	for _, t := range m {
+		out = append(out, t.meta)
+	}
+	slices.SortFunc(out, func(a, b TopicMeta) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// topic returns the named topic, or an error wrapping ErrClosed,
+// ErrInvalidTopic or ErrTopicNotFound.
+func (b *Broker) topic(name string) (*topicState, error) {
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	if t, ok := (*b.topics.Load())[name]; ok {
+		return t, nil
+	}
+	if err := ValidateTopicName(name); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: %q", ErrTopicNotFound, name)
+}
+
+// Queue returns queue i of the named topic, for reading it directly.
+// Errors wrap ErrClosed, ErrInvalidTopic, ErrTopicNotFound or
+// ErrOffsetOutOfRange (for i out of range).
+func (b *Broker) Queue(topic string, i int) (ReadableQueue, error) {
+	t, err := b.topic(topic)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: queue: %w", err)
+	}
+	if i < 0 || i >= len(t.queues) {
+		return nil, fmt.Errorf("ferry: queue: %w: queue %d of %d in topic %q", ErrOffsetOutOfRange, i, len(t.queues), topic)
+	}
+	return t.queues[i], nil
+}
+
+// Close closes every queue the broker opened, then the stores it created.
+// It is idempotent; afterwards every method returns [ErrClosed].
+func (b *Broker) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Swap(true) {
+		return nil
+	}
+	var errs []error
+	for _, t := range *b.topics.Load() {
+		for _, q := range t.queues {
+			if err := q.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	errs = append(errs, b.closeStores())
+	return errors.Join(errs...)
+}
+
+func (b *Broker) closeStores() error {
+	var errs []error
+	if b.ownsStorage {
+		errs = append(errs, b.storage.Close())
+	}
+	if b.ownsCursors {
+		errs = append(errs, b.cursors.Close())
+	}
+	return errors.Join(errs...)
+}

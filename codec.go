@@ -1,0 +1,230 @@
+package ferry
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+	"unsafe"
+)
+
+// CodecVersion is the first byte of every encoded message.
+const CodecVersion = 1
+
+// noTime encodes the zero time.Time.
+const noTime = math.MinInt64
+
+// AppendEncode appends the binary encoding of m to dst and returns the
+// extended slice. The encoding is versioned: a version byte, the 16-byte ID,
+// then varints and length-prefixed bytes. [Decode] reads it back.
+func AppendEncode(dst []byte, m *EnhancedMessage) []byte {
+	dst = append(dst, CodecVersion)
+	dst = append(dst, m.ID[:]...)
+	dst = binary.AppendUvarint(dst, uint64(m.Queue))
+	dst = binary.AppendVarint(dst, m.Offset)
+	dst = appendTime(dst, m.BornTime)
+	dst = appendTime(dst, m.StoreTime)
+	dst = appendString(dst, m.Topic)
+	dst = appendString(dst, m.Key)
+	dst = appendString(dst, m.Tag)
+	dst = appendString(dst, m.BornAddress)
+	dst = appendString(dst, m.Producer)
+	dst = binary.AppendUvarint(dst, uint64(len(m.Headers)))
+	for k, v := range m.Headers {
+		dst = appendString(dst, k)
+		dst = appendString(dst, v)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(m.Body)))
+	return append(dst, m.Body...)
+}
+
+// EncodedSize returns len(AppendEncode(nil, m)) without encoding.
+func EncodedSize(m *EnhancedMessage) int {
+	n := 1 + len(m.ID) + uvarintLen(uint64(m.Queue)) + varintLen(m.Offset) +
+		timeLen(m.BornTime) + timeLen(m.StoreTime) +
+		strLen(m.Topic) + strLen(m.Key) + strLen(m.Tag) + strLen(m.BornAddress) + strLen(m.Producer) +
+		uvarintLen(uint64(len(m.Headers))) + uvarintLen(uint64(len(m.Body))) + len(m.Body)
+	for k, v := range m.Headers {
+		n += strLen(k) + strLen(v)
+	}
+	return n
+}
+
+// Decode decodes one message from the front of b and returns it with the
+// number of bytes it used. Every length is checked against the bytes left
+// before anything is allocated, so a corrupt or hostile input allocates at
+// most about len(b); it returns an error wrapping [ErrCorrupt] and never
+// panics. The message does not alias b.
+func Decode(b []byte) (*EnhancedMessage, int, error) {
+	d := decoder{b: b}
+	m := new(EnhancedMessage)
+	if v := d.byte(); d.err == nil && v != CodecVersion {
+		return nil, 0, fmt.Errorf("%w: codec version %d, want %d", ErrCorrupt, v, CodecVersion)
+	}
+	copy(m.ID[:], d.bytes(len(m.ID)))
+	q := d.uvarint()
+	if q > math.MaxInt32 {
+		d.fail("queue index out of range")
+	}
+	m.Queue = int(q)
+	m.Offset = d.varint()
+	m.BornTime = d.time()
+	m.StoreTime = d.time()
+	// The variable-length fields are copied into one allocation, which the
+	// strings and the body share.
+	start := d.off
+	topic, key, tag := d.span(), d.span(), d.span()
+	addr, prod := d.span(), d.span()
+	nh := d.uvarint()
+	if nh > uint64(len(d.b)-d.off)/2 { // each header takes at least 2 bytes
+		d.fail("header count out of range")
+	}
+	var hdr [][2][2]int
+	if d.err == nil && nh > 0 {
+		hdr = make([][2][2]int, nh)
+		for i := range hdr {
+			hdr[i][0], hdr[i][1] = d.span(), d.span()
+		}
+	}
+	body := d.span()
+	if d.err != nil {
+		return nil, 0, d.err
+	}
+	data := make([]byte, d.off-start)
+	copy(data, b[start:d.off])
+	str := func(s [2]int) string {
+		if s[1] == s[0] {
+			return ""
+		}
+		return unsafe.String(&data[s[0]-start], s[1]-s[0])
+	}
+	m.Topic, m.Key, m.Tag = str(topic), str(key), str(tag)
+	m.BornAddress, m.Producer = str(addr), str(prod)
+	if nh > 0 {
+		m.Headers = make(map[string]string, nh)
+		for _, h := range hdr {
+			m.Headers[str(h[0])] = str(h[1])
+		}
+	}
+	if body[1] > body[0] {
+		m.Body = data[body[0]-start : body[1]-start : body[1]-start]
+	}
+	return m, d.off, nil
+}
+
+type decoder struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (d *decoder) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: %s at byte %d", ErrCorrupt, what, d.off)
+	}
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil || d.off >= len(d.b) {
+		d.fail("truncated")
+		return 0
+	}
+	d.off++
+	return d.b[d.off-1]
+}
+
+func (d *decoder) bytes(n int) []byte {
+	if d.err != nil || n > len(d.b)-d.off {
+		d.fail("truncated")
+		return nil
+	}
+	d.off += n
+	return d.b[d.off-n : d.off]
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b[d.off:])
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b[d.off:])
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+func (d *decoder) time() time.Time {
+	v := d.varint()
+	if d.err != nil || v == noTime {
+		return time.Time{}
+	}
+	return time.Unix(0, v)
+}
+
+// span reads a length-prefixed field and returns its [start, end) in b.
+func (d *decoder) span() [2]int {
+	n := d.uvarint()
+	if d.err != nil {
+		return [2]int{}
+	}
+	if n > uint64(len(d.b)-d.off) {
+		d.fail("length out of range")
+		return [2]int{}
+	}
+	s := [2]int{d.off, d.off + int(n)}
+	d.off += int(n)
+	return s
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+func appendTime(dst []byte, t time.Time) []byte {
+	if t.IsZero() {
+		return binary.AppendVarint(dst, noTime)
+	}
+	return binary.AppendVarint(dst, t.UnixNano())
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+
+func varintLen(v int64) int {
+	u := uint64(v) << 1
+	if v < 0 {
+		u = ^u
+	}
+	return uvarintLen(u)
+}
+
+func strLen(s string) int { return uvarintLen(uint64(len(s))) + len(s) }
+
+func timeLen(t time.Time) int {
+	if t.IsZero() {
+		return varintLen(noTime)
+	}
+	return varintLen(t.UnixNano())
+}

@@ -1,0 +1,41 @@
+package ferry
+
+import "errors"
+
+// Sentinel errors. Every error Ferry returns wraps one of these (or a
+// context error), so callers match them with [errors.Is].
+var (
+	// ErrClosed is returned by every method of a producer, consumer, broker,
+	// queue or store after its Close.
+	ErrClosed = errors.New("ferry: closed")
+	// ErrTopicNotFound is returned when a message names a topic the broker
+	// does not hold.
+	ErrTopicNotFound = errors.New("ferry: topic not found")
+	// ErrTopicExists is returned by CreateTopic when a topic of that name
+	// exists with different metadata.
+	ErrTopicExists = errors.New("ferry: topic exists with different metadata")
+	// ErrInvalidTopic is returned for a topic name or metadata that breaks
+	// the rules of [ValidateTopicName] or [TopicMeta.Validate].
+	ErrInvalidTopic = errors.New("ferry: invalid topic")
+	// ErrInvalidMessage is returned for a nil message or a message that
+	// cannot be sent as it is.
+	ErrInvalidMessage = errors.New("ferry: invalid message")
+	// ErrMessageTooLarge is returned when a message is larger than the
+	// producer's maximum (see [WithMaxMessageBytes]).
+	ErrMessageTooLarge = errors.New("ferry: message too large")
+	// ErrOffsetOutOfRange is returned by a read below the oldest retained
+	// offset of a queue, or beyond its next offset.
+	ErrOffsetOutOfRange = errors.New("ferry: offset out of range")
+	// ErrQueueFull is returned by the non-blocking variants (TrySend,
+	// TryWrite) when a back-pressured queue has no room.
+	ErrQueueFull = errors.New("ferry: queue full")
+	// ErrCorrupt is returned for bytes that fail to decode: a bad checksum,
+	// a length out of bounds, an unknown version.
+	ErrCorrupt = errors.New("ferry: corrupt data")
+	// ErrInvalidOption is returned by a constructor given an option value
+	// out of range.
+	ErrInvalidOption = errors.New("ferry: invalid option")
+	// ErrInvalidRoute is returned when a Router returns an error or an index
+	// out of range; the error names the router.
+	ErrInvalidRoute = errors.New("ferry: invalid route")
+)

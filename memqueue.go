@@ -1,0 +1,369 @@
+package ferry
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// MemoryQueue is the in-memory [Queue], the default. It keeps message
+// pointers in a slice, hands readers the stored pointers (no copy per
+// reader or group), wakes blocked readers through per-reader channels (no
+// polling) and enforces its [Retention]: with [DropOldest] the oldest
+// messages go when a bound is exceeded; with [Block] a write waits until
+// [MemoryQueue.Release] lets older messages go. Age is enforced whenever the
+// queue is used; no goroutine runs in the background.
+//
+// A MemoryQueue is safe for concurrent use.
+type MemoryQueue struct {
+	id  QueueID
+	ret Retention
+
+	mu       sync.Mutex // guards every field below
+	msgs     []*EnhancedMessage
+	head     int   // msgs[head:] are retained
+	base     int64 // offset of msgs[head]
+	bytes    int64 // sum of Size over msgs[head:]
+	released int64 // Block: offsets below may be dropped
+	readers  []chan struct{}
+	space    chan struct{} // closed when room may have appeared
+	closed   bool
+}
+
+var (
+	_ Queue     = (*MemoryQueue)(nil)
+	_ TryWriter = (*MemoryQueue)(nil)
+	_ Releaser  = (*MemoryQueue)(nil)
+)
+
+// NewMemoryQueue returns an empty queue with the given identity and
+// retention (zero fields take their defaults, see [Retention]).
+func NewMemoryQueue(id QueueID, r Retention) *MemoryQueue {
+	r = TopicMeta{Retention: r}.Normalized().Retention
+	return &MemoryQueue{id: id, ret: r}
+}
+
+// ID implements [Queue].
+func (q *MemoryQueue) ID() QueueID { return q.id }
+
+// Write implements [WritableQueue].
+func (q *MemoryQueue) Write(ctx context.Context, msgs []*EnhancedMessage) (int64, error) {
+	return q.write(ctx, msgs, true)
+}
+
+// TryWrite implements [TryWriter].
+func (q *MemoryQueue) TryWrite(msgs []*EnhancedMessage) (int64, error) {
+	return q.write(context.Background(), msgs, false)
+}
+
+func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait bool) (int64, error) {
+	var size int64
+	for i, m := range msgs {
+		if m == nil {
+			return 0, fmt.Errorf("ferry: write %s: message %d: %w: nil", q.id, i, ErrInvalidMessage)
+		}
+		size += int64(m.Size())
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("ferry: write %s: %w", q.id, err)
+	}
+	n := int64(len(msgs))
+	if over(n, q.ret.MaxMessages) || over(size, q.ret.MaxBytes) {
+		return 0, fmt.Errorf("ferry: write %s: %w: batch of %d messages, %d bytes exceeds retention", q.id, ErrMessageTooLarge, n, size)
+	}
+	q.mu.Lock()
+	for {
+		if q.closed {
+			q.mu.Unlock()
+			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ErrClosed)
+		}
+		now := time.Now()
+		q.trim(now, n, size)
+		if q.ret.Overflow == DropOldest || q.fits(n, size) {
+			break
+		}
+		if !wait {
+			q.mu.Unlock()
+			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ErrQueueFull)
+		}
+		if q.space == nil {
+			q.space = make(chan struct{})
+		}
+		space := q.space
+		q.mu.Unlock()
+		select {
+		case <-space:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ctx.Err())
+		}
+		q.mu.Lock()
+	}
+	first := q.base + int64(len(q.msgs)-q.head)
+	if n == 0 {
+		q.mu.Unlock()
+		return first, nil
+	}
+	now := time.Now()
+	for i, m := range msgs {
+		m.Queue = q.id.Queue
+		m.Offset = first + int64(i)
+		m.StoreTime = now
+	}
+	if q.head > 0 && q.head >= len(q.msgs)/2 && len(q.msgs)+len(msgs) > cap(q.msgs) {
+		// Reuse the dropped front instead of growing.
+		live := copy(q.msgs, q.msgs[q.head:])
+		clear(q.msgs[live:])
+		q.msgs = q.msgs[:live]
+		q.head = 0
+	}
+	q.msgs = append(q.msgs, msgs...)
+	q.bytes += size
+	q.trim(now, 0, 0)
+	q.wakeReaders()
+	q.mu.Unlock()
+	return first, nil
+}
+
+func over(v, limit int64) bool { return limit != Unlimited && v > limit }
+
+// fits reports whether n more messages of size bytes fit the bounds.
+// q.mu must be held.
+func (q *MemoryQueue) fits(n, size int64) bool {
+	count := int64(len(q.msgs) - q.head)
+	return !over(count+n, q.ret.MaxMessages) && !over(q.bytes+size, q.ret.MaxBytes)
+}
+
+// trim drops the oldest messages that are over age, and those that keep
+// n more messages of size bytes from fitting. With Block overflow only
+// released messages go. q.mu must be held.
+func (q *MemoryQueue) trim(now time.Time, n, size int64) {
+	for q.head < len(q.msgs) {
+		m := q.msgs[q.head]
+		if q.ret.Overflow == Block && m.Offset >= q.released {
+			return
+		}
+		old := q.ret.MaxAge > 0 && now.Sub(m.StoreTime) > q.ret.MaxAge
+		if !old && q.fits(n, size) {
+			return
+		}
+		q.msgs[q.head] = nil
+		q.head++
+		q.base++
+		q.bytes -= int64(m.Size())
+	}
+	// Empty: start the slice over.
+	q.msgs = q.msgs[:0]
+	q.head = 0
+}
+
+// wakeReaders wakes every blocked reader. q.mu must be held.
+func (q *MemoryQueue) wakeReaders() {
+	for _, ch := range q.readers {
+		ch <- struct{}{} // capacity 1, and each reader is listed once
+	}
+	clear(q.readers)
+	q.readers = q.readers[:0]
+}
+
+// wakeWriters wakes writers waiting for room. q.mu must be held.
+func (q *MemoryQueue) wakeWriters() {
+	if q.space != nil {
+		close(q.space)
+		q.space = nil
+	}
+}
+
+var wakePool = sync.Pool{New: func() any { return make(chan struct{}, 1) }}
+
+// Read implements [ReadableQueue].
+func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMessage) (int, error) {
+	if len(dst) == 0 {
+		return 0, nil
+	}
+	q.mu.Lock()
+	for {
+		if q.closed {
+			q.mu.Unlock()
+			return 0, fmt.Errorf("ferry: read %s: %w", q.id, ErrClosed)
+		}
+		if q.ret.MaxAge > 0 && q.head < len(q.msgs) {
+			q.trim(time.Now(), 0, 0)
+		}
+		next := q.base + int64(len(q.msgs)-q.head)
+		if offset < q.base || offset > next {
+			q.mu.Unlock()
+			return 0, fmt.Errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ErrOffsetOutOfRange, q.base, next)
+		}
+		if offset < next {
+			i := q.head + int(offset-q.base)
+			n := copy(dst, q.msgs[i:])
+			q.mu.Unlock()
+			return n, nil
+		}
+		if err := ctx.Err(); err != nil {
+			q.mu.Unlock()
+			return 0, fmt.Errorf("ferry: read %s: %w", q.id, err)
+		}
+		ch := wakePool.Get().(chan struct{})
+		q.readers = append(q.readers, ch)
+		q.mu.Unlock()
+		select {
+		case <-ch:
+			wakePool.Put(ch)
+			q.mu.Lock()
+		case <-ctx.Done():
+			q.mu.Lock()
+			if i := slices.Index(q.readers, ch); i >= 0 {
+				q.readers = slices.Delete(q.readers, i, i+1)
+			} else {
+				<-ch // a writer woke us as ctx ended
+			}
+			q.mu.Unlock()
+			wakePool.Put(ch)
+			return 0, fmt.Errorf("ferry: read %s: %w", q.id, ctx.Err())
+		}
+	}
+}
+
+// Offsets implements [ReadableQueue].
+func (q *MemoryQueue) Offsets() (oldest, next int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed && q.ret.MaxAge > 0 {
+		q.trim(time.Now(), 0, 0)
+	}
+	return q.base, q.base + int64(len(q.msgs)-q.head)
+}
+
+// Release implements [Releaser]: with [Block] overflow, messages below
+// offset may be dropped to make room. It wakes writers waiting for room.
+func (q *MemoryQueue) Release(offset int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.released = max(q.released, offset)
+	q.wakeWriters()
+}
+
+// Len returns the number of retained messages and their total Size.
+func (q *MemoryQueue) Len() (messages int, bytes int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.msgs) - q.head, q.bytes
+}
+
+// Close implements [io.Closer]: it wakes blocked readers and writers with
+// [ErrClosed] and drops the messages. It is idempotent.
+func (q *MemoryQueue) Close() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil
+	}
+	q.closed = true
+	q.base += int64(len(q.msgs) - q.head)
+	clear(q.msgs)
+	q.msgs, q.head, q.bytes = nil, 0, 0
+	q.wakeReaders()
+	q.wakeWriters()
+	return nil
+}
+
+// MemoryStorage is the in-memory [Storage], the default. It keeps topic
+// metadata in a map and hands out [MemoryQueue]s: opening a queue that is
+// open returns the same queue; opening one that was closed gives a new,
+// empty queue (memory is not persistent). Close closes every queue.
+//
+// A MemoryStorage is safe for concurrent use.
+type MemoryStorage struct {
+	mu     sync.Mutex // guards every field below
+	topics map[string]TopicMeta
+	queues map[QueueID]*MemoryQueue
+	closed bool
+}
+
+var _ Storage = (*MemoryStorage)(nil)
+
+// NewMemoryStorage returns an empty storage.
+func NewMemoryStorage() *MemoryStorage {
+	return &MemoryStorage{topics: map[string]TopicMeta{}, queues: map[QueueID]*MemoryQueue{}}
+}
+
+// OpenQueue implements [Storage].
+func (s *MemoryStorage) OpenQueue(ctx context.Context, meta TopicMeta, queue int) (Queue, error) {
+	if err := meta.Validate(); err != nil {
+		return nil, fmt.Errorf("ferry: open queue: %w", err)
+	}
+	if queue < 0 || queue >= meta.Queues {
+		return nil, fmt.Errorf("ferry: open queue: %w: queue %d of %d in topic %q", ErrInvalidTopic, queue, meta.Queues, meta.Name)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("ferry: open queue: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("ferry: open queue: %w", ErrClosed)
+	}
+	id := QueueID{Topic: meta.Name, Queue: queue}
+	if q, ok := s.queues[id]; ok {
+		q.mu.Lock()
+		closed := q.closed
+		q.mu.Unlock()
+		if !closed {
+			return q, nil
+		}
+	}
+	q := NewMemoryQueue(id, meta.Retention)
+	s.queues[id] = q
+	return q, nil
+}
+
+// Topics implements [Storage].
+func (s *MemoryStorage) Topics(ctx context.Context) ([]TopicMeta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("ferry: topics: %w", ErrClosed)
+	}
+	out := make([]TopicMeta, 0, len(s.topics))
+	for _, m := range s.topics {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b TopicMeta) int { return cmp.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// SaveTopic implements [Storage].
+func (s *MemoryStorage) SaveTopic(ctx context.Context, meta TopicMeta) error {
+	if err := meta.Validate(); err != nil {
+		return fmt.Errorf("ferry: save topic: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("ferry: save topic: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("ferry: save topic: %w", ErrClosed)
+	}
+	s.topics[meta.Name] = meta.Normalized()
+	return nil
+}
+
+// Close implements [io.Closer]: it closes every open queue. Idempotent.
+func (s *MemoryStorage) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	for _, q := range s.queues {
+		_ = q.Close()
+	}
+	s.queues = nil
+	return nil
+}

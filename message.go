@@ -1,0 +1,184 @@
+package ferry
+
+import (
+	"cmp"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Message is what a user sends: a topic, an optional routing key and tag,
+// headers and a body.
+//
+// The caller must not modify a Message, its Headers or its Body after
+// passing it to Send: the stored message shares them.
+type Message struct {
+	// Topic names the topic the message goes to. Required.
+	Topic string
+	// Key routes the message: with the default router, messages with the
+	// same non-empty Key land on the same queue, hence keep their order.
+	Key string
+	// Tag is a short label consumers can filter on (see WithTags).
+	Tag string
+	// Headers carry user metadata.
+	Headers map[string]string
+	// Body is the payload.
+	Body []byte
+}
+
+// Size returns the bytes a message counts for in size limits, retention and
+// flow control: its body, key, tag and header keys and values.
+func (m *Message) Size() int {
+	n := len(m.Body) + len(m.Key) + len(m.Tag)
+	for k, v := range m.Headers {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// MaxTopicNameLen is the longest valid topic name, in bytes (Kafka's limit).
+const MaxTopicNameLen = 249
+
+// ValidateTopicName reports whether name is a valid topic name: 1 to
+// [MaxTopicNameLen] bytes of [A-Za-z0-9._%-], and neither "." nor "..".
+// Names become directory names in filestore, so nothing else is allowed.
+// The error wraps [ErrInvalidTopic].
+func ValidateTopicName(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty name", ErrInvalidTopic)
+	}
+	if len(name) > MaxTopicNameLen {
+		return fmt.Errorf("%w: name of %d bytes exceeds %d", ErrInvalidTopic, len(name), MaxTopicNameLen)
+	}
+	if name == "." || name == ".." {
+		return fmt.Errorf("%w: name %q", ErrInvalidTopic, name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9',
+			c == '.', c == '_', c == '-', c == '%':
+		default:
+			return fmt.Errorf("%w: name %q has byte %q at %d", ErrInvalidTopic, name, c, i)
+		}
+	}
+	return nil
+}
+
+// QueueID names one queue (partition) of a topic. QueueIDs sort by topic,
+// then by queue (see [QueueID.Compare]).
+type QueueID struct {
+	Topic string
+	Queue int
+}
+
+// Compare returns -1, 0 or +1 as q sorts before, equal to or after o.
+func (q QueueID) Compare(o QueueID) int {
+	if c := cmp.Compare(q.Topic, o.Topic); c != 0 {
+		return c
+	}
+	return cmp.Compare(q.Queue, o.Queue)
+}
+
+// String returns "topic[queue]".
+func (q QueueID) String() string {
+	return q.Topic + "[" + strconv.Itoa(q.Queue) + "]"
+}
+
+// Overflow says what a queue does when a write would exceed its retention.
+type Overflow int
+
+const (
+	// DropOldest (the default) deletes the oldest messages to make room.
+	// A consumer whose cursor falls behind resets to the oldest retained
+	// offset and reports it.
+	DropOldest Overflow = iota
+	// Block keeps every message not yet released (see [Releaser]): Send
+	// blocks until consumers free room, TrySend returns [ErrQueueFull].
+	Block
+)
+
+// String returns the name of the overflow policy.
+func (o Overflow) String() string {
+	switch o {
+	case DropOldest:
+		return "DropOldest"
+	case Block:
+		return "Block"
+	default:
+		return "Overflow(" + strconv.Itoa(int(o)) + ")"
+	}
+}
+
+// Unlimited, as a Retention bound, switches that bound off.
+const Unlimited = -1
+
+// Default retention bounds per queue, applied to zero fields of Retention.
+const (
+	DefaultRetentionMessages = 1 << 20   // 1,048,576 messages
+	DefaultRetentionBytes    = 256 << 20 // 256 MiB of Message.Size
+)
+
+// Retention bounds each queue of a topic. A zero field takes its default
+// ([DefaultRetentionMessages], [DefaultRetentionBytes], no age bound), so
+// memory is bounded unless a field is set to [Unlimited].
+type Retention struct {
+	// MaxMessages bounds the messages retained per queue.
+	MaxMessages int64
+	// MaxBytes bounds the sum of Message.Size retained per queue.
+	MaxBytes int64
+	// MaxAge bounds the age (by StoreTime) of retained messages; zero or
+	// negative means no age bound.
+	MaxAge time.Duration
+	// Overflow chooses between dropping the oldest messages (default) and
+	// back-pressure.
+	Overflow Overflow
+}
+
+// TopicMeta is a topic's metadata.
+type TopicMeta struct {
+	// Name is the topic name; see [ValidateTopicName].
+	Name string
+	// Queues is the number of queues (partitions), at least 1.
+	Queues int
+	// Retention bounds each queue.
+	Retention Retention
+}
+
+// MaxQueues is the largest queue count a topic may have.
+const MaxQueues = 1 << 16
+
+// Validate reports whether meta is usable; the error wraps
+// [ErrInvalidTopic].
+func (meta TopicMeta) Validate() error {
+	if err := ValidateTopicName(meta.Name); err != nil {
+		return err
+	}
+	if meta.Queues < 1 || meta.Queues > MaxQueues {
+		return fmt.Errorf("%w: topic %q: queue count %d not in [1, %d]", ErrInvalidTopic, meta.Name, meta.Queues, MaxQueues)
+	}
+	r := meta.Retention
+	if r.MaxMessages < Unlimited || r.MaxBytes < Unlimited {
+		return fmt.Errorf("%w: topic %q: negative retention bound", ErrInvalidTopic, meta.Name)
+	}
+	if r.Overflow != DropOldest && r.Overflow != Block {
+		return fmt.Errorf("%w: topic %q: unknown overflow policy %d", ErrInvalidTopic, meta.Name, r.Overflow)
+	}
+	return nil
+}
+
+// Normalized returns meta with the defaults of zero retention fields filled
+// in. Two metadata values describe the same topic when their normalized
+// forms are equal.
+func (meta TopicMeta) Normalized() TopicMeta {
+	if meta.Retention.MaxMessages == 0 {
+		meta.Retention.MaxMessages = DefaultRetentionMessages
+	}
+	if meta.Retention.MaxBytes == 0 {
+		meta.Retention.MaxBytes = DefaultRetentionBytes
+	}
+	if meta.Retention.MaxAge < 0 {
+		meta.Retention.MaxAge = 0
+	}
+	return meta
+}

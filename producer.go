@@ -1,0 +1,280 @@
+package ferry
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultMaxMessageBytes is the default bound on [Message.Size] (4 MiB,
+// RocketMQ's).
+const DefaultMaxMessageBytes = 4 << 20
+
+// Producer sends messages to the broker's topics: it stamps each message
+// (ID, BornTime, BornAddress, Producer), routes it to a queue and writes it.
+//
+// A Producer is safe for concurrent use. It starts no goroutine; Send takes
+// no broker-wide lock, only the target queue's.
+type Producer struct {
+	b      *Broker
+	router Router
+	name   string
+	max    int
+	closed atomic.Bool
+}
+
+// SendResult says where a message landed.
+type SendResult struct {
+	ID     MessageID
+	Queue  QueueID
+	Offset int64
+}
+
+// ProducerOption configures a Producer.
+type ProducerOption func(*producerConfig)
+
+type producerConfig struct {
+	router Router
+	name   string
+	max    int
+}
+
+// WithRouter sets the router. Default: [KeyHashRouter].
+func WithRouter(r Router) ProducerOption { return func(c *producerConfig) { c.router = r } }
+
+// WithProducerName sets the name stamped on messages. Default:
+// "producer-<pid>-<n>", n counting the producers of the process.
+func WithProducerName(name string) ProducerOption {
+	return func(c *producerConfig) { c.name = name }
+}
+
+// WithMaxMessageBytes bounds [Message.Size]; a larger message is
+// [ErrMessageTooLarge]. Default: [DefaultMaxMessageBytes].
+func WithMaxMessageBytes(n int) ProducerOption { return func(c *producerConfig) { c.max = n } }
+
+var producerSeq atomic.Int64
+
+// NewProducer returns a producer over the broker's topics. An option value
+// out of range is [ErrInvalidOption].
+func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
+	c := producerConfig{max: DefaultMaxMessageBytes}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.router == nil {
+		c.router = KeyHashRouter()
+	}
+	if c.name == "" {
+		c.name = "producer-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(producerSeq.Add(1), 10)
+	}
+	if c.max <= 0 {
+		return nil, fmt.Errorf("ferry: new producer: %w: max message bytes %d", ErrInvalidOption, c.max)
+	}
+	if b.closed.Load() {
+		return nil, fmt.Errorf("ferry: new producer: %w", ErrClosed)
+	}
+	return &Producer{b: b, router: c.router, name: c.name, max: c.max}, nil
+}
+
+// sendBox holds a message and the one-element batch that writes it, so
+// Send allocates once.
+type sendBox struct {
+	em  EnhancedMessage
+	one [1]*EnhancedMessage
+}
+
+// Send stamps m, routes it and writes it to its queue. It returns where m
+// landed. A nil message is [ErrInvalidMessage]; a bad or unknown topic
+// [ErrInvalidTopic] or [ErrTopicNotFound]; a message over the size bound
+// [ErrMessageTooLarge]; a router error or bad index [ErrInvalidRoute]; after
+// Close [ErrClosed]. On error nothing is written. On a topic with [Block]
+// overflow Send waits for room until ctx is done. The caller must not
+// modify m afterwards.
+func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
+	box := &sendBox{}
+	q, err := p.prepare(ctx, m, &box.em, time.Now())
+	if err != nil {
+		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
+	}
+	box.one[0] = &box.em
+	if _, err := q.Write(ctx, box.one[:]); err != nil {
+		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
+	}
+	return SendResult{ID: box.em.ID, Queue: QueueID{Topic: m.Topic, Queue: box.em.Queue}, Offset: box.em.Offset}, nil
+}
+
+// TrySend is Send that never waits for room: where Send would block on a
+// full [Block] queue it returns [ErrQueueFull].
+func (p *Producer) TrySend(m *Message) (SendResult, error) {
+	box := &sendBox{}
+	q, err := p.prepare(context.Background(), m, &box.em, time.Now())
+	if err != nil {
+		return SendResult{}, fmt.Errorf("ferry: try send: %w", err)
+	}
+	box.one[0] = &box.em
+	if tw, ok := q.(TryWriter); ok {
+		_, err = tw.TryWrite(box.one[:])
+	} else {
+		_, err = q.Write(context.Background(), box.one[:])
+	}
+	if err != nil {
+		return SendResult{}, fmt.Errorf("ferry: try send: %w", err)
+	}
+	return SendResult{ID: box.em.ID, Queue: QueueID{Topic: m.Topic, Queue: box.em.Queue}, Offset: box.em.Offset}, nil
+}
+
+// prepare checks m, stamps it into em and routes it.
+func (p *Producer) prepare(ctx context.Context, m *Message, em *EnhancedMessage, now time.Time) (Queue, error) {
+	t, err := p.check(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	em.Message = *m
+	em.ID = NewMessageID(now)
+	em.BornTime = now
+	em.BornAddress = bornAddress
+	em.Producer = p.name
+	i, err := p.route(em, t.meta)
+	if err != nil {
+		return nil, err
+	}
+	return t.queues[i], nil
+}
+
+func (p *Producer) check(ctx context.Context, m *Message) (*topicState, error) {
+	if p.closed.Load() {
+		return nil, ErrClosed
+	}
+	if m == nil {
+		return nil, fmt.Errorf("%w: nil message", ErrInvalidMessage)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	t, err := p.b.topic(m.Topic)
+	if err != nil {
+		return nil, err
+	}
+	if n := m.Size(); n > p.max {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLarge, n, p.max)
+	}
+	return t, nil
+}
+
+// route asks the router for em's queue and checks its answer.
+func (p *Producer) route(em *EnhancedMessage, meta TopicMeta) (int, error) {
+	i, err := p.router.Select(em, meta)
+	if err != nil {
+		return 0, fmt.Errorf("%w: router %T failed: %w", ErrInvalidRoute, p.router, err)
+	}
+	if i < 0 || i >= meta.Queues {
+		return 0, fmt.Errorf("%w: router %T picked queue %d of %d", ErrInvalidRoute, p.router, i, meta.Queues)
+	}
+	return i, nil
+}
+
+// SendBatch sends msgs, which may name several topics, with one Write per
+// target queue; each queue's share keeps the order it has in msgs. Every
+// message is checked and routed before anything is written, so bad input
+// writes nothing. The results are in the order of msgs. If a Write fails,
+// the messages of queues already written stay written: their results are
+// filled in, the others have Offset -1, and the error says which queue
+// failed.
+func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult, error) {
+	if len(msgs) == 0 {
+		if p.closed.Load() {
+			return nil, fmt.Errorf("ferry: send batch: %w", ErrClosed)
+		}
+		return nil, nil
+	}
+	now := time.Now()
+	ems := make([]EnhancedMessage, len(msgs))
+	type target struct {
+		t      *topicState
+		bucket int // first bucket of the topic
+	}
+	var targets []target
+	bucketOf := make([]int, len(msgs))
+	buckets := 0
+	for i, m := range msgs {
+		t, err := p.check(ctx, m)
+		if err != nil {
+			return nil, fmt.Errorf("ferry: send batch: message %d: %w", i, err)
+		}
+		em := &ems[i]
+		em.Message = *m
+		em.ID = NewMessageID(now)
+		em.BornTime = now
+		em.BornAddress = bornAddress
+		em.Producer = p.name
+		q, err := p.route(em, t.meta)
+		if err != nil {
+			return nil, fmt.Errorf("ferry: send batch: message %d: %w", i, err)
+		}
+		k := -1
+		for j := range targets {
+			if targets[j].t == t {
+				k = j
+				break
+			}
+		}
+		if k < 0 {
+			targets = append(targets, target{t: t, bucket: buckets})
+			buckets += t.meta.Queues
+			k = len(targets) - 1
+		}
+		bucketOf[i] = targets[k].bucket + q
+	}
+	// Counting sort by bucket keeps each queue's messages in input order.
+	start := make([]int, buckets+1)
+	for _, bk := range bucketOf {
+		start[bk+1]++
+	}
+	for i := 1; i <= buckets; i++ {
+		start[i] += start[i-1]
+	}
+	sorted := make([]*EnhancedMessage, len(msgs))
+	index := make([]int, len(msgs)) // index[k]: position in msgs of sorted[k]
+	pos := slices.Clone(start[:buckets])
+	for i, bk := range bucketOf {
+		sorted[pos[bk]] = &ems[i]
+		index[pos[bk]] = i
+		pos[bk]++
+	}
+	results := make([]SendResult, len(msgs))
+	for i := range results {
+		results[i].Offset = -1
+	}
+	for _, tg := range targets {
+		for q := 0; q < tg.t.meta.Queues; q++ {
+			lo, hi := start[tg.bucket+q], start[tg.bucket+q+1]
+			if lo == hi {
+				continue
+			}
+			if _, err := tg.t.queues[q].Write(ctx, sorted[lo:hi]); err != nil {
+				return results, fmt.Errorf("ferry: send batch: write %s: %w", tg.t.queues[q].ID(), err)
+			}
+			for k := lo; k < hi; k++ {
+				em := sorted[k]
+				results[index[k]] = SendResult{ID: em.ID, Queue: QueueID{Topic: em.Topic, Queue: q}, Offset: em.Offset}
+			}
+		}
+	}
+	return results, nil
+}
+
+// Name returns the name the producer stamps on messages.
+func (p *Producer) Name() string { return p.name }
+
+// Close stops the producer: later sends return [ErrClosed]. Sends in
+// progress finish. It is idempotent and returns nil.
+func (p *Producer) Close() error {
+	p.closed.Store(true)
+	return nil
+}

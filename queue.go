@@ -1,0 +1,82 @@
+package ferry
+
+import (
+	"context"
+	"io"
+)
+
+// WritableQueue is the write side of a queue.
+//
+// Implementations must be safe for concurrent use.
+type WritableQueue interface {
+	// ID returns the queue's identity.
+	ID() QueueID
+	// Write appends msgs in order, sets Queue, Offset and StoreTime on each
+	// and returns the offset of the first. It is all or nothing: on error
+	// no message of msgs is stored. An empty msgs writes nothing and returns
+	// the next offset. A nil element is [ErrInvalidMessage]. A batch larger
+	// than the queue's retention is [ErrMessageTooLarge]. A queue with
+	// [Block] overflow blocks until there is room or ctx is done. After
+	// Close it returns [ErrClosed]. The queue keeps the pointers; the caller
+	// must not modify the messages afterwards.
+	Write(ctx context.Context, msgs []*EnhancedMessage) (int64, error)
+}
+
+// ReadableQueue is the read side of a queue.
+//
+// Implementations must be safe for concurrent use by any number of readers.
+type ReadableQueue interface {
+	// ID returns the queue's identity.
+	ID() QueueID
+	// Read fills dst with messages from offset on and returns how many. It
+	// blocks until at least one is there, ctx is done (returning ctx's
+	// error) or the queue is closed ([ErrClosed]). An empty dst returns 0
+	// at once. offset below the oldest retained offset or above the next
+	// offset is [ErrOffsetOutOfRange]. The messages are shared with every
+	// other reader and must not be modified.
+	Read(ctx context.Context, offset int64, dst []*EnhancedMessage) (int, error)
+	// Offsets returns the oldest retained offset and the next offset to be
+	// written; oldest == next when the queue holds nothing.
+	Offsets() (oldest, next int64)
+}
+
+// Queue is one partition of a topic: an append-only log with contiguous
+// offsets from 0. Close is idempotent; every other method returns
+// [ErrClosed] after it (Offsets returns what it last knew).
+type Queue interface {
+	WritableQueue
+	ReadableQueue
+	io.Closer
+}
+
+// TryWriter is implemented by queues that can refuse a write instead of
+// blocking for room. TryWrite is Write without waiting: where Write would
+// block for room it returns [ErrQueueFull] and writes nothing.
+type TryWriter interface {
+	TryWrite(msgs []*EnhancedMessage) (int64, error)
+}
+
+// Releaser is implemented by queues with [Block] overflow. Release tells the
+// queue that every consumer is done with the messages below offset, so
+// retention may drop them to make room. Offsets only move forward; a lower
+// offset than before is ignored.
+type Releaser interface {
+	Release(offset int64)
+}
+
+// Storage opens queues and keeps topic metadata.
+//
+// Implementations must be safe for concurrent use. After Close every method
+// returns [ErrClosed].
+type Storage interface {
+	// OpenQueue opens queue number queue (in [0, meta.Queues)) of the topic
+	// meta describes, creating it empty if needed. Invalid metadata or
+	// index is [ErrInvalidTopic]. The caller closes the queue.
+	OpenQueue(ctx context.Context, meta TopicMeta, queue int) (Queue, error)
+	// Topics returns the metadata saved so far, sorted by name.
+	Topics(ctx context.Context) ([]TopicMeta, error)
+	// SaveTopic records meta (replacing an earlier value for the same
+	// name). Invalid metadata is [ErrInvalidTopic].
+	SaveTopic(ctx context.Context, meta TopicMeta) error
+	io.Closer
+}

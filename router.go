@@ -1,0 +1,100 @@
+package ferry
+
+import (
+	"math/rand/v2"
+	"sync/atomic"
+)
+
+// Router picks the queue a message goes to.
+//
+// Select returns a queue index in [0, meta.Queues). It is called for every
+// message, from many goroutines at once, so it must be safe for concurrent
+// use and should not block. The producer checks the result: an error or an
+// index out of range fails the send with [ErrInvalidRoute] naming the
+// router, and nothing is written.
+type Router interface {
+	Select(m *EnhancedMessage, meta TopicMeta) (int, error)
+}
+
+// RouterFunc adapts a function to a [Router].
+type RouterFunc func(m *EnhancedMessage, meta TopicMeta) (int, error)
+
+// Select calls f(m, meta).
+func (f RouterFunc) Select(m *EnhancedMessage, meta TopicMeta) (int, error) { return f(m, meta) }
+
+// KeyHashRouter returns the default router. A message with a non-empty Key
+// goes to queue (murmur2(key) & 0x7fffffff) % meta.Queues, exactly the
+// partition Kafka's Java default partitioner picks for the same key bytes
+// and partition count, so keyed data can move between Ferry and Kafka
+// without reshuffling. Messages without a Key are spread round robin.
+func KeyHashRouter() Router { return &keyHashRouter{} }
+
+type keyHashRouter struct{ rr roundRobinRouter }
+
+func (r *keyHashRouter) Select(m *EnhancedMessage, meta TopicMeta) (int, error) {
+	if m.Key == "" {
+		return r.rr.Select(m, meta)
+	}
+	return int(uint32(Murmur2(m.Key))&0x7fffffff) % meta.Queues, nil
+}
+
+// RoundRobinRouter returns a router that spreads messages over the queues
+// in turn, with one counter shared by all topics.
+func RoundRobinRouter() Router { return &roundRobinRouter{} }
+
+type roundRobinRouter struct{ n atomic.Uint64 }
+
+func (r *roundRobinRouter) Select(_ *EnhancedMessage, meta TopicMeta) (int, error) {
+	return int((r.n.Add(1) - 1) % uint64(meta.Queues)), nil
+}
+
+// RandomRouter returns a router that picks a queue uniformly at random.
+func RandomRouter() Router {
+	return RouterFunc(func(_ *EnhancedMessage, meta TopicMeta) (int, error) {
+		return rand.IntN(meta.Queues), nil
+	})
+}
+
+// ManualRouter returns a router that sends every message to the given
+// queue; a topic with fewer queues fails the send with [ErrInvalidRoute].
+func ManualRouter(queue int) Router {
+	return RouterFunc(func(_ *EnhancedMessage, _ TopicMeta) (int, error) {
+		return queue, nil
+	})
+}
+
+// Murmur2 returns Kafka's murmur2 hash of the bytes of key (seed
+// 0x9747b28c), as org.apache.kafka.common.utils.Utils.murmur2 computes it.
+func Murmur2(key string) int32 {
+	const (
+		seed = 0x9747b28c
+		m    = 0x5bd1e995
+		r    = 24
+	)
+	n := len(key)
+	h := uint32(seed) ^ uint32(n)
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		k := uint32(key[i]) | uint32(key[i+1])<<8 | uint32(key[i+2])<<16 | uint32(key[i+3])<<24
+		k *= m
+		k ^= k >> r
+		k *= m
+		h *= m
+		h ^= k
+	}
+	switch n - i {
+	case 3:
+		h ^= uint32(key[i+2]) << 16
+		fallthrough
+	case 2:
+		h ^= uint32(key[i+1]) << 8
+		fallthrough
+	case 1:
+		h ^= uint32(key[i])
+		h *= m
+	}
+	h ^= h >> 13
+	h *= m
+	h ^= h >> 15
+	return int32(h)
+}
