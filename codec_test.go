@@ -1,0 +1,160 @@
+package ferry_test
+
+import (
+	"bytes"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferry"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func sampleMessages() []*ferry.EnhancedMessage {
+	now := time.Unix(1_700_000_000, 123456789)
+	return []*ferry.EnhancedMessage{
+		{},
+		{Message: ferry.Message{Topic: "t"}},
+		{
+			Message: ferry.Message{
+				Topic:   "orders",
+				Key:     "customer-42",
+				Tag:     "created",
+				Headers: map[string]string{"trace": "abc", "": "empty-key", "empty-value": ""},
+				Body:    []byte("hello, ferry"),
+			},
+			ID:          ferry.NewMessageID(now),
+			BornTime:    now,
+			BornAddress: "host-1",
+			Producer:    "p-1",
+			Queue:       3,
+			Offset:      1 << 40,
+			StoreTime:   now.Add(time.Millisecond),
+		},
+		{Message: ferry.Message{Topic: "big", Body: bytes.Repeat([]byte{0xab}, 70000)}, Offset: 0, Queue: 65535},
+	}
+}
+
+func TestCodecRoundTrip(t *testing.T) {
+	for i, m := range sampleMessages() {
+		b := ferry.AppendEncode([]byte("prefix"), m)
+		require.Len(t, b, len("prefix")+ferry.EncodedSize(m), "message %d", i)
+		got, n, err := ferry.Decode(b[len("prefix"):])
+		require.NoError(t, err, "message %d", i)
+		assert.Equal(t, len(b)-len("prefix"), n)
+		assert.Equal(t, m.ID, got.ID)
+		assert.Equal(t, m.Topic, got.Topic)
+		assert.Equal(t, m.Key, got.Key)
+		assert.Equal(t, m.Tag, got.Tag)
+		assert.Equal(t, m.BornAddress, got.BornAddress)
+		assert.Equal(t, m.Producer, got.Producer)
+		assert.Equal(t, m.Queue, got.Queue)
+		assert.Equal(t, m.Offset, got.Offset)
+		assert.True(t, m.BornTime.Equal(got.BornTime), "born time %v != %v", m.BornTime, got.BornTime)
+		assert.True(t, m.StoreTime.Equal(got.StoreTime))
+		assert.Equal(t, m.BornTime.IsZero(), got.BornTime.IsZero())
+		if len(m.Headers) == 0 {
+			assert.Empty(t, got.Headers)
+		} else {
+			assert.Equal(t, m.Headers, got.Headers)
+		}
+		assert.Equal(t, len(m.Body), len(got.Body))
+		assert.True(t, bytes.Equal(m.Body, got.Body))
+	}
+}
+
+func TestCodecDecodesConcatenated(t *testing.T) {
+	var b []byte
+	msgs := sampleMessages()
+	for _, m := range msgs {
+		b = ferry.AppendEncode(b, m)
+	}
+	for i := range msgs {
+		got, n, err := ferry.Decode(b)
+		require.NoError(t, err)
+		assert.Equal(t, msgs[i].Topic, got.Topic)
+		b = b[n:]
+	}
+	assert.Empty(t, b)
+}
+
+func TestCodecDoesNotAliasInput(t *testing.T) {
+	m := sampleMessages()[2]
+	b := ferry.AppendEncode(nil, m)
+	got, _, err := ferry.Decode(b)
+	require.NoError(t, err)
+	for i := range b {
+		b[i] = 0
+	}
+	assert.Equal(t, "orders", got.Topic)
+	assert.Equal(t, "hello, ferry", string(got.Body))
+	assert.Equal(t, "abc", got.Headers["trace"])
+}
+
+func TestCodecRejectsTruncation(t *testing.T) {
+	for _, m := range sampleMessages() {
+		b := ferry.AppendEncode(nil, m)
+		for cut := 0; cut < len(b); cut++ {
+			_, _, err := ferry.Decode(b[:cut])
+			require.ErrorIs(t, err, ferry.ErrCorrupt, "cut at %d of %d", cut, len(b))
+		}
+	}
+}
+
+func TestCodecRejectsBadInput(t *testing.T) {
+	good := ferry.AppendEncode(nil, sampleMessages()[2])
+	badVersion := append([]byte{99}, good[1:]...)
+	// A header count far beyond the input: must fail before allocating.
+	hugeHeaders := append([]byte{ferry.CodecVersion}, make([]byte, 16)...)
+	hugeHeaders = append(hugeHeaders, 0, 0, 0x80, 0x80, 0x80, 0x80) // queue, offset, zero-ish times
+	cases := map[string][]byte{
+		"empty":         nil,
+		"bad version":   badVersion,
+		"huge headers":  append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0, 0, 1, 1, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f),
+		"huge length":   append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0, 0, 1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f),
+		"bad varint":    append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff),
+		"queue too big": append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0x0f),
+		"garbage":       hugeHeaders,
+	}
+	for name, b := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, _, err := ferry.Decode(b)
+			require.ErrorIs(t, err, ferry.ErrCorrupt)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range 100 {
+				_, _, _ = ferry.Decode(b)
+			}
+			runtime.ReadMemStats(&after)
+			perCall := (after.TotalAlloc - before.TotalAlloc) / 100
+			assert.LessOrEqual(t, perCall, uint64(len(b)+1024), "a corrupt input must fail before allocating what its lengths claim")
+		})
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, m := range sampleMessages() {
+		f.Add(ferry.AppendEncode(nil, m))
+	}
+	f.Add([]byte{})
+	f.Add([]byte(strings.Repeat("\xff", 40)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, n, err := ferry.Decode(b)
+		if err != nil {
+			require.ErrorIs(t, err, ferry.ErrCorrupt)
+			require.Nil(t, m)
+			return
+		}
+		require.LessOrEqual(t, n, len(b))
+		require.LessOrEqual(t, len(m.Body), len(b))
+		// What decodes re-encodes to bytes that decode to the same message.
+		again, n2, err := ferry.Decode(ferry.AppendEncode(nil, m))
+		require.NoError(t, err)
+		require.Equal(t, ferry.EncodedSize(m), n2)
+		require.Equal(t, m.Topic, again.Topic)
+		require.Equal(t, m.Body, again.Body)
+		require.Equal(t, m.Offset, again.Offset)
+	})
+}
