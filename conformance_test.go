@@ -1,0 +1,47 @@
+package ferry_test
+
+import (
+	"testing"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
+)
+
+// The in-memory implementations prove themselves with the exported
+// conformance suites of package ferrytest.
+
+func TestMemoryQueueConformance(t *testing.T) {
+	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true},
+		func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
+			return ferry.NewMemoryQueue(ferry.QueueID{Topic: meta.Name, Queue: queue}, meta.Retention)
+		})
+}
+
+func TestMemoryStorageQueueConformance(t *testing.T) {
+	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true},
+		func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
+			s := ferry.NewMemoryStorage()
+			t.Cleanup(func() { _ = s.Close() })
+			q, err := s.OpenQueue(t.Context(), meta, queue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q
+		})
+}
+
+func TestMemoryStorageConformance(t *testing.T) {
+	ferrytest.TestStorage(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.Storage {
+		return ferry.NewMemoryStorage()
+	})
+}
+
+func TestMemoryCursorStoreConformance(t *testing.T) {
+	ferrytest.TestCursorStore(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.CursorStore {
+		return ferry.NewMemoryCursorStore()
+	})
+}
+
+func TestAllocateAveragelyConformance(t *testing.T) {
+	ferrytest.TestAllocator(t, func(t *testing.T) ferry.Allocator { return ferry.AllocateAveragely() })
+}

@@ -1,0 +1,37 @@
+// Package ferrytest is the test kit for Ferry: exported conformance suites
+// for its seams, a fault-injecting fake queue and storage, and a helper
+// that gives a test a ready broker.
+//
+// # Conformance suites
+//
+// [TestQueue], [TestStorage], [TestCursorStore] and [TestAllocator] check
+// that an implementation of [ferry.Queue], [ferry.Storage],
+// [ferry.CursorStore] or [ferry.Allocator] keeps the contract its doc
+// states. Each takes a factory and builds a fresh instance for every
+// subtest, so subtests never see each other's state, and runs every subtest
+// under a watchdog: a subtest that makes no progress within
+// [Features].Timeout fails with the stacks of every goroutine, its context
+// is cancelled and its instance closed; if it still does not return, the
+// test binary panics with the stacks instead of hanging. [Features] says
+// what an implementation may legitimately leave out (persistence across
+// reopen, exact retention, back-pressure). Every implementation in the
+// Ferry repository runs these suites in its own tests; so can yours:
+//
+//	func TestMyQueue(t *testing.T) {
+//		ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true},
+//			func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
+//				return myqueue.New(meta, queue)
+//			})
+//	}
+//
+// The suites use only the testing package, so importing ferrytest adds no
+// dependency to a module.
+//
+// # Fakes
+//
+// [FakeQueue] is a [ferry.Queue] that records every write and can fail or
+// delay the nth one; [FakeStorage] is a [ferry.Storage] that hands out
+// FakeQueues. [NewFakeBroker] gives a test a broker over a FakeStorage,
+// closed when the test ends, so code that publishes through a
+// [ferry.Producer] can be tested, failures included, with no other set-up.
+package ferrytest

@@ -1,0 +1,37 @@
+package ferrytest_test
+
+import (
+	"testing"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
+)
+
+// The fakes are implementations too: without faults they keep the
+// contracts.
+
+func TestFakeQueueConformance(t *testing.T) {
+	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true},
+		func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
+			return ferrytest.NewFakeQueue(ferry.QueueID{Topic: meta.Name, Queue: queue}, meta.Retention)
+		})
+}
+
+func TestFakeStorageQueueConformance(t *testing.T) {
+	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true},
+		func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
+			s := ferrytest.NewFakeStorage()
+			t.Cleanup(func() { _ = s.Close() })
+			q, err := s.OpenQueue(t.Context(), meta, queue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q
+		})
+}
+
+func TestFakeStorageConformance(t *testing.T) {
+	ferrytest.TestStorage(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.Storage {
+		return ferrytest.NewFakeStorage()
+	})
+}

@@ -1,0 +1,194 @@
+package ferrytest
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferry"
+)
+
+// FakeStorage is a [ferry.Storage] for tests: it keeps topic metadata in
+// memory and hands out [FakeQueue]s, which a test can get back with
+// [FakeStorage.Queue] to inject faults into or inspect. Its own fault
+// methods apply to every queue it opens and count write calls across all
+// of them, which is how a test makes the second of several writes fail.
+// Like [ferry.MemoryStorage], opening a queue that is open returns the
+// same queue, opening one that was closed gives a new, empty one, and
+// Close closes every queue.
+//
+// A FakeStorage is safe for concurrent use.
+type FakeStorage struct {
+	faults faults
+
+	mu     sync.Mutex // guards every field below
+	topics map[string]ferry.TopicMeta
+	queues map[ferry.QueueID]*FakeQueue
+	calls  []WriteCall
+	closed bool
+}
+
+var _ ferry.Storage = (*FakeStorage)(nil)
+
+// NewFakeStorage returns an empty fake storage.
+func NewFakeStorage() *FakeStorage {
+	return &FakeStorage{topics: map[string]ferry.TopicMeta{}, queues: map[ferry.QueueID]*FakeQueue{}}
+}
+
+// FailNth makes the nth write call across every queue of the storage
+// (counting from 1, failed ones included) fail with err, storing nothing.
+func (s *FakeStorage) FailNth(n int, err error) { s.faults.failOn(n, err) }
+
+// FailWrites makes every later write to any queue of the storage fail with
+// err, storing nothing, until FailWrites(nil).
+func (s *FakeStorage) FailWrites(err error) { s.faults.set(func(f *faults) { f.failAll = err }) }
+
+// DelayNth makes the nth write call across every queue wait d before going
+// on; if its context ends first, it fails with the context's error.
+func (s *FakeStorage) DelayNth(n int, d time.Duration) { s.faults.delayOn(n, d) }
+
+// OnWrite sets a hook called before every write to any queue of the
+// storage, after the queue's own faults (nil removes it); call counts
+// across queues.
+func (s *FakeStorage) OnWrite(h WriteHook) { s.faults.set(func(f *faults) { f.onWrite = h }) }
+
+// OnRead sets a hook called before every read of any queue of the storage,
+// after the queue's own hook (nil removes it); call counts across queues.
+func (s *FakeStorage) OnRead(h ReadHook) { s.faults.set(func(f *faults) { f.onRead = h }) }
+
+// Queue returns the queue last opened as number i of topic, or nil if none
+// was.
+func (s *FakeStorage) Queue(topic string, i int) *FakeQueue {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queues[ferry.QueueID{Topic: topic, Queue: i}]
+}
+
+// Writes returns every write call to the storage's queues, failed ones
+// included, in the order they returned.
+func (s *FakeStorage) Writes() []WriteCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.calls)
+}
+
+// Messages returns every message written to topic so far, by queue then
+// offset.
+func (s *FakeStorage) Messages(topic string) []*ferry.EnhancedMessage {
+	var calls []WriteCall
+	for _, c := range s.Writes() {
+		if c.Queue.Topic == topic {
+			calls = append(calls, c)
+		}
+	}
+	return messagesOf(calls)
+}
+
+func (s *FakeStorage) record(c WriteCall) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, c)
+}
+
+// OpenQueue implements [ferry.Storage].
+func (s *FakeStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	if err := meta.Validate(); err != nil {
+		return nil, fmt.Errorf("ferrytest: open queue: %w", err)
+	}
+	if queue < 0 || queue >= meta.Queues {
+		return nil, fmt.Errorf("ferrytest: open queue: %w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("ferrytest: open queue: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("ferrytest: open queue: %w", ferry.ErrClosed)
+	}
+	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
+	if q, ok := s.queues[id]; ok && !q.isClosed.Load() {
+		return q, nil
+	}
+	q := NewFakeQueue(id, meta.Retention)
+	q.shared, q.record = &s.faults, s.record
+	s.queues[id] = q
+	return q, nil
+}
+
+// Topics implements [ferry.Storage].
+func (s *FakeStorage) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("ferrytest: topics: %w", ferry.ErrClosed)
+	}
+	out := make([]ferry.TopicMeta, 0, len(s.topics))
+	for _, m := range s.topics {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b ferry.TopicMeta) int { return cmp.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// SaveTopic implements [ferry.Storage].
+func (s *FakeStorage) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := meta.Validate(); err != nil {
+		return fmt.Errorf("ferrytest: save topic: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("ferrytest: save topic: %w", ferry.ErrClosed)
+	}
+	s.topics[meta.Name] = meta.Normalized()
+	return nil
+}
+
+// Close implements [io.Closer]: it closes every queue. It is idempotent;
+// the records stay.
+func (s *FakeStorage) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	for _, q := range s.queues {
+		_ = q.Close()
+	}
+	return nil
+}
+
+// NewBroker returns a broker made with opts for the test t, closed when
+// the test ends (a Close error fails the test). A failure to make it
+// fails the test at once.
+func NewBroker(t testing.TB, opts ...ferry.BrokerOption) *ferry.Broker {
+	t.Helper()
+	b, err := ferry.NewBroker(opts...)
+	if err != nil {
+		t.Fatalf("ferrytest: new broker: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("ferrytest: close broker: %v", err)
+		}
+	})
+	return b
+}
+
+// NewFakeBroker returns a broker over a new [FakeStorage], both closed when
+// the test ends, and the storage, to inject faults into and inspect the
+// queues of the topics the test creates. opts may set anything but the
+// storage.
+func NewFakeBroker(t testing.TB, opts ...ferry.BrokerOption) (*ferry.Broker, *FakeStorage) {
+	t.Helper()
+	fs := NewFakeStorage()
+	t.Cleanup(func() { _ = fs.Close() }) // after the broker's: cleanups run last first
+	b := NewBroker(t, append(slices.Clip(opts), ferry.WithStorage(fs))...)
+	return b, fs
+}
