@@ -41,7 +41,3 @@ func TestMemoryCursorStoreConformance(t *testing.T) {
 		return ferry.NewMemoryCursorStore()
 	})
 }
-
-func TestAllocateAveragelyConformance(t *testing.T) {
-	ferrytest.TestAllocator(t, func(t *testing.T) ferry.Allocator { return ferry.AllocateAveragely() })
-}

@@ -59,7 +59,8 @@ type watchdog struct {
 	cancel  context.CancelFunc
 	timeout time.Duration
 
-	mu      sync.Mutex // guards done, closers and kill
+	mu      sync.Mutex // guards timer, done, closers and kill
+	timer   *time.Timer
 	done    bool
 	closers []io.Closer
 	kill    *time.Timer
@@ -71,10 +72,12 @@ func run(t *testing.T, f Features, name string, body func(t *testing.T, w *watch
 	t.Run(name, func(t *testing.T) {
 		w := &watchdog{t: t, timeout: f.timeout()}
 		w.ctx, w.cancel = context.WithCancel(context.Background())
-		timer := time.AfterFunc(w.timeout, w.expire)
+		w.mu.Lock()
+		w.timer = time.AfterFunc(w.timeout, w.expire)
+		w.mu.Unlock()
 		defer func() {
-			timer.Stop()
 			w.mu.Lock()
+			w.timer.Stop()
 			w.done = true
 			if w.kill != nil {
 				w.kill.Stop()
@@ -84,6 +87,16 @@ func run(t *testing.T, f Features, name string, body func(t *testing.T, w *watch
 		}()
 		body(t, w)
 	})
+}
+
+// progress restarts the watchdog's clock, for a subtest that works
+// through many cases.
+func (w *watchdog) progress() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done && w.kill == nil {
+		w.timer.Reset(w.timeout)
+	}
 }
 
 // closeOnHang registers c to be closed if the subtest hangs, to unblock it.
