@@ -245,11 +245,20 @@ func (q *FakeQueue) Close() error {
 }
 
 // Writes returns every write call so far, failed ones included, in the
-// order they returned.
+// order they returned. The caller owns the slices.
 func (q *FakeQueue) Writes() []WriteCall {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return slices.Clone(q.calls)
+	return cloneCalls(q.calls)
+}
+
+// cloneCalls copies calls and their batches, so the caller owns them.
+func cloneCalls(calls []WriteCall) []WriteCall {
+	out := slices.Clone(calls)
+	for i := range out {
+		out[i].Messages = slices.Clone(out[i].Messages)
+	}
+	return out
 }
 
 // Messages returns every message written so far, in offset order. Unlike

@@ -69,11 +69,11 @@ func (s *FakeStorage) Queue(topic string, i int) *FakeQueue {
 }
 
 // Writes returns every write call to the storage's queues, failed ones
-// included, in the order they returned.
+// included, in the order they returned. The caller owns the slices.
 func (s *FakeStorage) Writes() []WriteCall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Clone(s.calls)
+	return cloneCalls(s.calls)
 }
 
 // Messages returns every message written to topic so far, by queue then

@@ -1,0 +1,241 @@
+package ferrytest_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
+	"github.com/stretchr/testify/require"
+)
+
+// A suite that passes everything proves nothing: each case below runs a
+// suite over an implementation broken in one way, in a child process (a
+// failing suite fails its test, and a hung one panics), and checks that
+// the suite fails and says why.
+
+const brokenEnv = "FERRYTEST_BROKEN"
+
+type brokenCase struct {
+	run  func(t *testing.T)
+	want string // in the child's output; "" for the control, which must pass
+}
+
+var brokenCases = map[string]brokenCase{
+	"control": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("")) },
+		want: "",
+	},
+	"read-ignores-ctx": {
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{Timeout: 200 * time.Millisecond}, brokenQueueFactory("read-ignores-ctx"))
+		},
+		want: "made no progress for 200ms",
+	},
+	"read-hangs": {
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{Timeout: 200 * time.Millisecond}, brokenQueueFactory("read-hangs"))
+		},
+		want: "still hung 200ms after its context was cancelled",
+	},
+	"write-not-atomic": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("write-not-atomic")) },
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/InvalidBatch",
+	},
+	"drops-too-much": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("drops-too-much")) },
+		want: "dropped more than retention allows",
+	},
+	"keeps-too-much": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true}, brokenQueueFactory("keeps-too-much")) },
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Retention/Messages",
+	},
+	"wrong-sentinel": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("wrong-sentinel")) },
+		want: `want one matching ferry: offset out of range (errors.Is)`,
+	},
+	"close-twice-fails": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("close-twice-fails")) },
+		want: "second Close: unexpected error",
+	},
+	"no-block-support": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{Block: true}, brokenQueueFactory("no-block-support")) },
+		want: "does not implement ferry.TryWriter",
+	},
+	"topics-unsorted": {
+		run: func(t *testing.T) {
+			ferrytest.TestStorage(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.Storage {
+				return unsortedStorage{ferry.NewMemoryStorage()}
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Topics",
+	},
+	"storage-not-persistent": {
+		run: func(t *testing.T) {
+			ferrytest.TestStorage(t, ferrytest.Features{Persistent: true}, func(t *testing.T, dir string) ferry.Storage {
+				return ferry.NewMemoryStorage()
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Reopen",
+	},
+	"cursor-unset-zero": {
+		run: func(t *testing.T) {
+			ferrytest.TestCursorStore(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.CursorStore {
+				return zeroCursorStore{ferry.NewMemoryCursorStore()}
+			})
+		},
+		want: "Load(orders, billing, 3) = [0 0 0], want [-1 -1 -1]",
+	},
+	"cursor-not-persistent": {
+		run: func(t *testing.T) {
+			ferrytest.TestCursorStore(t, ferrytest.Features{Persistent: true}, func(t *testing.T, dir string) ferry.CursorStore {
+				return ferry.NewMemoryCursorStore()
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Reopen",
+	},
+	"allocator-two-owners": {
+		run: func(t *testing.T) {
+			ferrytest.TestAllocator(t, func(t *testing.T) ferry.Allocator {
+				return ferry.AllocatorFunc(func(g, self string, qs []ferry.QueueID, ms []string) []ferry.QueueID {
+					out := ferry.AllocateAveragely().Allocate(g, self, qs, ms)
+					if len(qs) > 0 && (len(out) == 0 || out[0] != qs[0]) {
+						out = append(out, qs[0])
+					}
+					return out
+				})
+			})
+		},
+		want: "to both",
+	},
+	"allocator-panics": {
+		run: func(t *testing.T) {
+			ferrytest.TestAllocator(t, func(t *testing.T) ferry.Allocator {
+				return ferry.AllocatorFunc(func(g, self string, qs []ferry.QueueID, ms []string) []ferry.QueueID {
+					return qs[:1]
+				})
+			})
+		},
+		want: "panicked",
+	},
+	"allocator-unstable": {
+		run: func(t *testing.T) {
+			var calls atomic.Int64
+			ferrytest.TestAllocator(t, func(t *testing.T) ferry.Allocator {
+				return ferry.AllocatorFunc(func(g, self string, qs []ferry.QueueID, ms []string) []ferry.QueueID {
+					rot := int(calls.Add(1)) % max(len(ms), 1)
+					ms = append(slices.Clone(ms[rot:]), ms[:rot]...)
+					return ferry.AllocateAveragely().Allocate(g, self, qs, ms)
+				})
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/SameAnswer",
+	},
+}
+
+func TestSuitesCatchBrokenImplementations(t *testing.T) {
+	if name := os.Getenv(brokenEnv); name != "" {
+		brokenCases[name].run(t) // in the child: expected to fail
+		return
+	}
+	for name, c := range brokenCases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestSuitesCatchBrokenImplementations$", "-test.v", "-test.count=1", "-test.timeout=2m")
+			cmd.Env = append(os.Environ(), brokenEnv+"="+name)
+			out, err := cmd.CombinedOutput()
+			if c.want == "" {
+				require.NoError(t, err, "the control must pass:\n%s", out)
+				return
+			}
+			require.Error(t, err, "the suite passed a queue broken by %s:\n%s", name, out)
+			require.Contains(t, string(out), c.want)
+		})
+	}
+}
+
+// brokenQueue is a memory queue broken in the way mode says.
+type brokenQueue struct {
+	*ferry.MemoryQueue
+	mode    string
+	closing chan struct{}
+	closed  atomic.Bool
+}
+
+func brokenQueueFactory(mode string) ferrytest.QueueFactory {
+	return func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
+		r := meta.Retention
+		switch {
+		case mode == "drops-too-much" && r.MaxMessages > 1:
+			r.MaxMessages--
+		case mode == "keeps-too-much" && r.MaxMessages > 0:
+			r.MaxMessages++
+		}
+		q := &brokenQueue{
+			MemoryQueue: ferry.NewMemoryQueue(ferry.QueueID{Topic: meta.Name, Queue: queue}, r),
+			mode:        mode,
+			closing:     make(chan struct{}),
+		}
+		if mode == "no-block-support" {
+			return struct{ ferry.Queue }{q} // hides TryWrite and Release
+		}
+		return q
+	}
+}
+
+func (q *brokenQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if q.mode == "write-not-atomic" {
+		if i := slices.Index(msgs, nil); i > 0 {
+			_, _ = q.MemoryQueue.Write(ctx, msgs[:i])
+		}
+	}
+	return q.MemoryQueue.Write(ctx, msgs)
+}
+
+func (q *brokenQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	_, next := q.Offsets()
+	switch {
+	case q.mode == "wrong-sentinel" && offset > next:
+		return 0, errors.New("no such offset")
+	case q.mode == "read-ignores-ctx" && offset == next && len(dst) > 0 && !q.closed.Load():
+		<-q.closing
+	case q.mode == "read-hangs" && offset == next && len(dst) > 0:
+		select {} // the child process panics on the watchdog
+	}
+	return q.MemoryQueue.Read(ctx, offset, dst)
+}
+
+func (q *brokenQueue) Close() error {
+	if q.closed.Swap(true) {
+		if q.mode == "close-twice-fails" {
+			return errors.New("already closed")
+		}
+		return nil
+	}
+	close(q.closing)
+	return q.MemoryQueue.Close()
+}
+
+type unsortedStorage struct{ *ferry.MemoryStorage }
+
+func (s unsortedStorage) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	ts, err := s.MemoryStorage.Topics(ctx)
+	slices.Reverse(ts)
+	return ts, err
+}
+
+type zeroCursorStore struct{ *ferry.MemoryCursorStore }
+
+func (s zeroCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	offs, err := s.MemoryCursorStore.Load(ctx, topic, group, queues)
+	for i, o := range offs {
+		offs[i] = max(o, 0)
+	}
+	return offs, err
+}
