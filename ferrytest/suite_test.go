@@ -45,7 +45,9 @@ var brokenCases = map[string]brokenCase{
 		want: "still hung 200ms after its context was cancelled",
 	},
 	"write-not-atomic": {
-		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("write-not-atomic")) },
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("write-not-atomic"))
+		},
 		want: "--- FAIL: TestSuitesCatchBrokenImplementations/InvalidBatch",
 	},
 	"drops-too-much": {
@@ -53,7 +55,9 @@ var brokenCases = map[string]brokenCase{
 		want: "dropped more than retention allows",
 	},
 	"keeps-too-much": {
-		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true}, brokenQueueFactory("keeps-too-much")) },
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true}, brokenQueueFactory("keeps-too-much"))
+		},
 		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Retention/Messages",
 	},
 	"wrong-sentinel": {
@@ -61,11 +65,15 @@ var brokenCases = map[string]brokenCase{
 		want: `want one matching ferry: offset out of range (errors.Is)`,
 	},
 	"close-twice-fails": {
-		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("close-twice-fails")) },
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("close-twice-fails"))
+		},
 		want: "second Close: unexpected error",
 	},
 	"no-block-support": {
-		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{Block: true}, brokenQueueFactory("no-block-support")) },
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{Block: true}, brokenQueueFactory("no-block-support"))
+		},
 		want: "does not implement ferry.TryWriter",
 	},
 	"topics-unsorted": {
