@@ -42,7 +42,8 @@ type QueueFactory func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queu
 //   - ReadBlocks: Reads at the next offset block until a write, then every
 //     blocked reader gets it.
 //   - ReadContext: a Read waiting for data returns the context's error when
-//     it is cancelled or its deadline passes, and the queue works on.
+//     it is cancelled or its deadline passes, and the queue works on: a
+//     reader blocked beside a cancelled one still gets the next write.
 //   - Retention: bounds by messages, by bytes, unlimited and (with
 //     [Features].RetentionExact) by age; exact or at least bounded as
 //     [Features].RetentionExact says.
@@ -51,7 +52,7 @@ type QueueFactory func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queu
 //     context ends, or the queue is closed.
 //   - Concurrent: concurrent writers and readers; every batch lands
 //     contiguous at the offset Write returned, nothing is lost or
-//     duplicated, every reader sees the same log.
+//     duplicated, every reader sees the same log, Offsets never move back.
 //   - Close: Close twice returns nil; afterwards Write and Read return
 //     [ferry.ErrClosed] (as do TryWrite and Read at the next offset);
 //     ID still answers.
@@ -429,12 +430,18 @@ func (s *queueSuite) readContext(t *testing.T, w *watchdog) {
 	_, err = q.Read(ctx, 0, dst)
 	wantErr(t, err, context.DeadlineExceeded, "Read blocked past its deadline")
 
-	// The abandoned reads must not disturb the next ones.
+	// The abandoned reads must not disturb the next ones: of two blocked
+	// readers, the one whose context ends leaves, the other gets the write.
+	ctx, cancel = context.WithCancel(w.ctx)
+	gone := startRead(ctx, q, 0, make([]*ferry.EnhancedMessage, 1))
 	ch = startRead(w.ctx, q, 0, dst)
+	wantPending(t, ch, "Read on an empty queue")
+	cancel()
+	wantErr(t, (<-gone).err, context.Canceled, "Read blocked when its context is cancelled")
 	m := newMessage(0)
 	write(t, w, q, []*ferry.EnhancedMessage{m})
 	r := <-ch
-	must(t, r.err, "Read after cancelled reads")
+	must(t, r.err, "Read blocked beside a cancelled one")
 	wantMessages(t, dst[:r.n], []*ferry.EnhancedMessage{m})
 }
 
@@ -626,6 +633,22 @@ func (s *queueSuite) concurrent(t *testing.T, w *watchdog) {
 		})
 	}
 
+	// Offsets, watched meanwhile, never move back.
+	watchErr := make(chan error, 1)
+	go func() {
+		var lastOldest, lastNext int64
+		for lastNext < total && ctx.Err() == nil {
+			oldest, next := q.Offsets()
+			if oldest < lastOldest || next < lastNext || oldest > next {
+				watchErr <- fmt.Errorf("Offsets() went from %d, %d to %d, %d", lastOldest, lastNext, oldest, next)
+				return
+			}
+			lastOldest, lastNext = oldest, next
+			runtime.Gosched()
+		}
+		watchErr <- nil
+	}()
+
 	written := make([][]landed, writers)
 	writeErrs := make([]error, writers)
 	var wwg sync.WaitGroup
@@ -647,6 +670,7 @@ func (s *queueSuite) concurrent(t *testing.T, w *watchdog) {
 	rwg.Wait()
 	must(t, errors.Join(writeErrs...), "concurrent Write")
 	must(t, errors.Join(readErrs...), "concurrent Read")
+	must(t, <-watchErr, "Offsets during concurrent writes")
 
 	wantOffsets(t, q, 0, total)
 	log := readRange(t, w.ctx, q, 0, total, 50)

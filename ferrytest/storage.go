@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ferrymq/ferry"
 )
@@ -88,11 +89,15 @@ func (s *storageSuite) empty(t *testing.T, w *watchdog) {
 var (
 	metaA = ferry.TopicMeta{Name: "alpha", Queues: 2}
 	metaB = ferry.TopicMeta{Name: "beta.events", Queues: 1, Retention: ferry.Retention{MaxMessages: 10, MaxBytes: ferry.Unlimited}}
-	metaC = ferry.TopicMeta{Name: "%DLQ%group-1", Queues: 4, Retention: ferry.Retention{MaxAge: 3600e9, Overflow: ferry.Block}}
+	metaC = ferry.TopicMeta{Name: "%DLQ%group-1", Queues: 4, Retention: ferry.Retention{MaxAge: time.Hour}}
 )
 
 func (s *storageSuite) topics(t *testing.T, w *watchdog) {
 	st := s.openAt(t, w, t.TempDir())
+	metaC := metaC
+	if s.f.Block {
+		metaC.Retention.Overflow = ferry.Block
+	}
 	for _, m := range []ferry.TopicMeta{metaB, metaC, metaA} {
 		must(t, st.SaveTopic(w.ctx, m), "SaveTopic "+m.Name)
 	}
