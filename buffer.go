@@ -461,3 +461,19 @@ func (b *Buffer) signalDrained() {
 		b.drained = nil
 	}
 }
+
+// abandon gives up on taken messages without finishing them: they stop
+// counting as in flight (so a drain does not wait for them) but stay
+// unfinished, holding the committable offset below them.
+func (b *Buffer) abandon(msgs ...*EnhancedMessage) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range msgs {
+		if i := b.findLocked(m.Offset); i >= 0 && i < b.taken && b.entries[i].m == m {
+			b.inflight--
+		}
+	}
+	if b.inflight == 0 {
+		b.signalDrained()
+	}
+}
