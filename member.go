@@ -50,6 +50,17 @@ type groupMember struct {
 	lastErr string
 
 	closeOnce sync.Once
+	pull      bool // a PullConsumer's: Close does not wait for polled messages
+}
+
+// closing reports whether close has begun.
+func (m *groupMember) closing() bool {
+	select {
+	case <-m.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 const (
@@ -546,13 +557,19 @@ func (r *queueRun) fetch() {
 func (r *queueRun) release() {
 	m := r.m
 	r.releasing.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.drainTimeout)
+	timeout := m.cfg.drainTimeout
+	if m.pull && m.closing() {
+		timeout = 0 // Commit is refused after Close: nothing in flight can finish
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	err := r.buf.WaitDrained(ctx)
 	cancel()
-	if err != nil {
+	if err != nil && timeout > 0 {
 		st := r.buf.Stats()
 		m.b.log.Warn("ferry: drain timeout, abandoning in-flight messages", "group", m.scope,
 			"queue", r.id.String(), "in_flight", st.InFlight, "timeout", m.cfg.drainTimeout)
+	}
+	if err != nil {
 		r.hcancel()
 	}
 	if err := r.commit(true); err != nil {
