@@ -278,10 +278,14 @@ func (b *Buffer) pausedLocked() bool {
 }
 
 // Take moves up to len(dst) pending messages, oldest first, into dst and
-// returns how many, and how many are still pending. It never waits.
+// returns how many, and how many are still pending. It never waits. After
+// Close it takes nothing.
 func (b *Buffer) Take(dst []*EnhancedMessage) (n, pending int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed {
+		return 0, 0
+	}
 	if b.taken < b.head {
 		b.taken = b.head
 	}
@@ -365,11 +369,11 @@ func (b *Buffer) Committable() int64 {
 	return b.oldestLocked()
 }
 
-// WaitDrained waits until no taken message is unfinished, ctx is done
-// (ctx's error) or the buffer is closed (nil).
+// WaitDrained waits until no taken message is unfinished or ctx is done
+// (ctx's error). To drain for good, Close first: no take follows.
 func (b *Buffer) WaitDrained(ctx context.Context) error {
 	b.mu.Lock()
-	if b.inflight == 0 || b.closed {
+	if b.inflight == 0 {
 		b.mu.Unlock()
 		return nil
 	}
@@ -438,14 +442,15 @@ func (b *Buffer) Unlock() {
 	}
 }
 
-// Close wakes Put and WaitDrained; later Puts return [ErrClosed]. Taking
-// and finishing messages still work. Idempotent.
+// Close stops the buffer handing out messages: it wakes a waiting Put,
+// later Puts return [ErrClosed] and Take takes nothing. Messages already
+// taken can still be marked done, and WaitDrained waits for them.
+// Idempotent.
 func (b *Buffer) Close() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.closed = true
 	b.signalRoom()
-	b.signalDrained()
 }
 
 func (b *Buffer) signalRoom() {

@@ -206,4 +206,7 @@ func TestBufferDrainLockClose(t *testing.T) {
 	b.Close()
 	require.ErrorIs(t, <-waiting, ferry.ErrClosed)
 	b.Close()
+	k, pending := b.Take(got)
+	assert.Zero(t, k, "a closed buffer hands out nothing")
+	assert.Zero(t, pending)
 }

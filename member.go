@@ -557,6 +557,7 @@ func (r *queueRun) fetch() {
 func (r *queueRun) release() {
 	m := r.m
 	r.releasing.Store(true)
+	r.buf.Close() // no take after this: the drain below is final
 	timeout := m.cfg.drainTimeout
 	if m.pull && m.closing() {
 		timeout = 0 // Commit is refused after Close: nothing in flight can finish
@@ -577,7 +578,6 @@ func (r *queueRun) release() {
 	}
 	r.finished.Store(true)
 	r.owned.Store(false)
-	r.buf.Close()
 }
 
 // commit stores the buffer's committable offset if it moved. final marks
