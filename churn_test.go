@@ -25,7 +25,8 @@ func TestConsumerChurnLosesNothing(t *testing.T) {
 	b := newTopic(t, 8)
 	c := newTally(n)
 
-	steps := make(chan int, batches)
+	steps := make(chan int)
+	stepped := make(chan struct{})
 	churned := make(chan []*ferry.Consumer)
 	go func() {
 		var live []*ferry.Consumer
@@ -37,10 +38,11 @@ func TestConsumerChurnLosesNothing(t *testing.T) {
 				if assert.NoError(t, err) && assert.NoError(t, cn.Start(context.Background())) {
 					live = append(live, cn)
 				}
-				continue
+			} else {
+				assert.NoError(t, live[0].Close())
+				live = live[1:]
 			}
-			assert.NoError(t, live[0].Close())
-			live = live[1:]
+			stepped <- struct{}{}
 		}
 		churned <- live
 	}()
@@ -56,7 +58,8 @@ func TestConsumerChurnLosesNothing(t *testing.T) {
 		}
 		_, err := p.SendBatch(context.Background(), msgs)
 		require.NoError(t, err)
-		steps <- i
+		steps <- i // one join or leave between every two batches
+		<-stepped
 	}
 	close(steps)
 	live := <-churned
