@@ -12,6 +12,7 @@ import (
 	"github.com/ferrymq/ferry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 func TestConsumerOrderedKeepsPerKeyOrder(t *testing.T) {
@@ -375,4 +376,31 @@ func TestBrokerCloseClosesConsumers(t *testing.T) {
 	require.NoError(t, cn.Close())
 	_, err = b.NewConsumer("g", "t", c.handler())
 	require.ErrorIs(t, err, ferry.ErrClosed)
+}
+
+func TestConsumerCloseLeavesNoGoroutine(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	b, err := ferry.NewBroker()
+	require.NoError(t, err)
+	require.NoError(t, b.CreateTopic(context.Background(), ferry.TopicMeta{Name: "t", Queues: 4}))
+	c := newTally(500)
+	var cs []*ferry.Consumer
+	for i, opts := range [][]ferry.ConsumerOption{
+		nil, {ferry.Ordered()}, {ferry.Broadcast()}, {ferry.WithRetry(100, time.Hour)},
+	} {
+		cn, err := b.NewConsumer("g"+strconv.Itoa(i), "t", c.handler(), opts...)
+		require.NoError(t, err)
+		require.NoError(t, cn.Start(context.Background()))
+		cs = append(cs, cn)
+	}
+	pc, err := b.NewPullConsumer("pull", "t")
+	require.NoError(t, err)
+	require.NoError(t, pc.Start(context.Background()))
+	produce(t, b, "t", "x", 500, 10)
+	c.waitAll(t)
+	for _, cn := range cs {
+		require.NoError(t, cn.Close())
+	}
+	require.NoError(t, pc.Close())
+	require.NoError(t, b.Close())
 }
