@@ -430,7 +430,9 @@ func (r *queueRun) run() {
 	defer m.coord.unlock(m.key, r.q, r.owner)
 	start, err := r.load()
 	if err != nil {
-		m.report(err)
+		if r.ctx.Err() == nil {
+			m.report(err) // the queue stays locked and idle until a rebalance or Close
+		}
 		r.finished.Store(true)
 		<-r.ctx.Done()
 		return

@@ -404,3 +404,53 @@ func TestConsumerCloseLeavesNoGoroutine(t *testing.T) {
 	require.NoError(t, pc.Close())
 	require.NoError(t, b.Close())
 }
+
+func TestConsumerFallingBehindRetentionWhileConsumingResets(t *testing.T) {
+	b, err := ferry.NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(context.Background(), ferry.TopicMeta{Name: "t", Queues: 1, Retention: ferry.Retention{MaxMessages: 5}}))
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	send := func(i int) {
+		_, err := p.Send(context.Background(), &ferry.Message{Topic: "t", Body: []byte("x" + strconv.Itoa(i))})
+		require.NoError(t, err)
+	}
+	send(0)
+	entered := make(chan struct{})
+	gate := make(chan struct{})
+	resets := make(chan reset, 4)
+	c := newTally(0)
+	all := make(chan struct{})
+	h := ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
+		if m.Offset == 0 {
+			close(entered)
+			<-gate
+		}
+		c.add(string(m.Body))
+		if m.Offset == 49 {
+			close(all)
+		}
+		return nil
+	})
+	cn, err := b.NewConsumer("g", "t", h, ferry.WithBuffer(1, 1<<20), ferry.WithConcurrency(1),
+		ferry.WithOnReset(func(q ferry.QueueID, from, to int64) { resets <- reset{q, from, to} }))
+	require.NoError(t, err)
+	require.NoError(t, cn.Start(context.Background()))
+	defer cn.Close()
+	<-entered // the consumer is stuck on offset 0 with a full buffer
+	for i := 1; i < 50; i++ {
+		send(i) // retention keeps only 45..49
+	}
+	close(gate)
+	// The fetcher may find its next offset gone while the sends go on, or
+	// only after the gate opens; either way it moves forward and says so.
+	r := <-resets
+	assert.Equal(t, ferry.QueueID{Topic: "t", Queue: 0}, r.q)
+	assert.Less(t, r.from, r.to)
+	assert.LessOrEqual(t, r.to, int64(45))
+	<-all
+	for i := 45; i < 50; i++ {
+		assert.Equal(t, 1, c.seen["x"+strconv.Itoa(i)])
+	}
+}

@@ -175,12 +175,11 @@ func (c *PullConsumer) Messages(ctx context.Context) iter.Seq2[*EnhancedMessage,
 				yield(nil, fmt.Errorf("ferry: messages: %w", err))
 				return
 			}
-			msg := one[0]
-			one[0] = nil
-			more := yield(msg, nil)
+			more := yield(one[0], nil)
 			if c.m.cfg.autoCommit {
-				c.finish([]*EnhancedMessage{msg})
+				c.finish(one[:])
 			}
+			one[0] = nil
 			if !more {
 				return
 			}
