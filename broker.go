@@ -15,7 +15,8 @@ import (
 // membership. Producers and consumers are made from it.
 //
 // A Broker is safe for concurrent use. It starts no goroutine of its own;
-// Close closes the queues it opened and the stores it created itself.
+// Close closes the consumers made from it, the queues it opened and the
+// stores it created itself.
 type Broker struct {
 	storage     Storage
 	cursors     CursorStore
@@ -28,6 +29,8 @@ type Broker struct {
 	closed atomic.Bool
 
 	mu sync.Mutex // serializes CreateTopic and Close
+
+	groups groupRegistry // membership, queue locks, consumers to close
 }
 
 // topicState is a topic and its open queues; immutable once published.
@@ -69,6 +72,7 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 		}
 	}
 	b := &Broker{storage: c.storage, cursors: c.cursors, log: c.log}
+	b.groups.init()
 	if b.storage == nil {
 		b.storage, b.ownsStorage = NewMemoryStorage(), true
 	}
@@ -204,15 +208,17 @@ func (b *Broker) Queue(topic string, i int) (ReadableQueue, error) {
 	return t.queues[i], nil
 }
 
-// Close closes every queue the broker opened, then the stores it created.
-// It is idempotent; afterwards every method returns [ErrClosed].
+// Close closes the consumers made from the broker (each drains and commits),
+// then every queue the broker opened, then the stores it created. It is
+// idempotent; afterwards every method returns [ErrClosed].
 func (b *Broker) Close() error {
+	consumersErr := b.groups.closeAll()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed.Swap(true) {
 		return nil
 	}
-	var errs []error
+	errs := []error{consumersErr}
 	for _, t := range *b.topics.Load() {
 		for _, q := range t.queues {
 			if err := q.Close(); err != nil {

@@ -20,6 +20,41 @@
 // The default router, [KeyHashRouter], sends equal keys to the same queue,
 // exactly as Kafka's default partitioner does.
 //
+// # Consuming
+//
+// [Broker.NewConsumer] returns a push [Consumer] that calls a [Handler] for
+// each message, at least once; [Broker.NewPullConsumer] returns a
+// [PullConsumer] to Poll and Commit instead. Both are members of a
+// consumer group: on Start a member joins, every membership change
+// recomputes every member's share with the group's [Allocator], and a
+// member releases the queues it loses (stops fetching, lets in-flight
+// messages finish up to [WithDrainTimeout], commits, unlocks) before
+// another takes them; a lock per (group, queue) keeps one owner even under
+// a broken allocator, which is reported with [ErrInvalidAllocation].
+// [Broadcast] gives every member every queue instead, with cursors kept
+// per member ID under "<group>@<member>".
+//
+//	c, _ := b.NewConsumer("billing", "orders", ferry.HandlerFunc(
+//		func(ctx context.Context, m *ferry.EnhancedMessage) error {
+//			d, _ := ferry.DeliveryFrom(ctx) // attempt number, group
+//			return bill(m.Body, d.Attempt)
+//		}), ferry.WithConcurrency(8))
+//	_ = c.Start(ctx)
+//	defer c.Close()
+//
+// Each owned queue has a [Buffer] between its fetch loop and the handlers:
+// fetching pauses at the buffer's high watermark (or max span) and resumes
+// at its low one. The committed cursor of a queue is its smallest
+// unfinished offset, so a crash or rebalance delivers again only what was
+// in flight. A failing message is retried with backoff ([WithRetry];
+// concurrent mode keeps handling the rest, [Ordered] holds its queue),
+// then goes with headers naming its origin to the dead-letter topic
+// ([WithDeadLetter], "%DLQ%<group>" by default). A cursor that fell out of
+// the retained range resets to the oldest retained offset and says so
+// ([WithOnReset], and a Warn log). On a topic with [Block] overflow, the
+// lowest cursor of every group that ever consumed it releases room for
+// producers.
+//
 // # Seams
 //
 // Every moving part is a small interface with an in-memory default and a

@@ -38,4 +38,8 @@ var (
 	// ErrInvalidRoute is returned when a Router returns an error or an index
 	// out of range; the error names the router.
 	ErrInvalidRoute = errors.New("ferry: invalid route")
+	// ErrInvalidAllocation is reported (see WithOnError) when an Allocator's
+	// split of a group's queues leaves a queue unowned or gives it to more
+	// than one member; the error names the allocator.
+	ErrInvalidAllocation = errors.New("ferry: invalid allocation")
 )

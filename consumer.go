@@ -1,0 +1,96 @@
+package ferry
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Handler handles one message. A nil error finishes it; an error retries
+// it with backoff (see [WithRetry]) and, after the last attempt or at
+// once for a [Permanent] error, sends it to the group's dead-letter topic.
+// A panic counts as an error.
+//
+// The message is shared with every other group reading the topic and must
+// not be modified. ctx carries the [Delivery] (see [DeliveryFrom]); it is
+// reused for the next message, so it is valid only during the call and
+// must not be kept. It is cancelled when Close or a rebalance gives up
+// waiting for the handler (see [WithDrainTimeout]).
+type Handler interface {
+	Handle(ctx context.Context, m *EnhancedMessage) error
+}
+
+// HandlerFunc adapts a function to a [Handler].
+type HandlerFunc func(ctx context.Context, m *EnhancedMessage) error
+
+// Handle calls f(ctx, m).
+func (f HandlerFunc) Handle(ctx context.Context, m *EnhancedMessage) error { return f(ctx, m) }
+
+// Consumer is a push consumer: a member of a consumer group that fetches
+// the queues the group assigns it and calls its [Handler] for each
+// message, at least once. See [Broker.NewConsumer].
+//
+// Start starts goroutines (a fetch loop per owned queue, the handler
+// workers, a committer, a retry timer and the membership loop); Close
+// stops them and returns when they have all returned. A Consumer is safe
+// for concurrent use.
+type Consumer struct {
+	m *groupMember
+	h Handler
+}
+
+// NewConsumer returns a push consumer for topic in group, handling
+// messages with h. It does nothing until [Consumer.Start]. An empty or
+// too long group, an invalid topic name, a nil handler or an option value
+// out of range is [ErrInvalidOption] (or [ErrInvalidTopic]); after the
+// broker's Close it is [ErrClosed].
+func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOption) (*Consumer, error) {
+	cfg, err := newConsumerConfig(group, topic, opts)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: new consumer: %w", err)
+	}
+	switch {
+	case h == nil:
+		return nil, fmt.Errorf("ferry: new consumer: %w: nil handler", ErrInvalidOption)
+	case len(cfg.pullOnly) > 0:
+		return nil, fmt.Errorf("ferry: new consumer: %w: %s is for pull consumers", ErrInvalidOption, strings.Join(cfg.pullOnly, ", "))
+	}
+	if err := ValidateTopicName(cfg.deadLetter); err != nil {
+		return nil, fmt.Errorf("ferry: new consumer: %w: dead-letter topic: %w (set WithDeadLetter)", ErrInvalidOption, err)
+	}
+	if b.closed.Load() {
+		return nil, fmt.Errorf("ferry: new consumer: %w", ErrClosed)
+	}
+	return &Consumer{m: newGroupMember(b, group, topic, cfg), h: h}, nil
+}
+
+// Start joins the group and returns once the consumer holds the queues of
+// its first assignment, or ctx is done (the consumer is then closed). ctx
+// bounds only this wait: the consumer runs until Close. The topic must
+// exist ([ErrTopicNotFound]); a member ID already in the group is
+// [ErrInvalidOption]; after Close it is [ErrClosed]. Starting a started
+// consumer does nothing. If the allocator's first split is broken, Start
+// reports it (see [WithOnError]) and does not wait for the locks.
+func (c *Consumer) Start(ctx context.Context) error {
+	return c.m.start(ctx, "start consumer", func() {
+		d := newDeliverer(c.m, c.h)
+		c.m.wg.Add(c.m.cfg.concurrency + 1)
+		for range c.m.cfg.concurrency {
+			go d.work()
+		}
+		go d.retryLoop()
+	})
+}
+
+// Close stops fetching, leaves the group, lets in-flight handlers finish
+// up to the drain timeout (then cancels their context; unfinished
+// messages go to the next owner), commits, unlocks the queues and returns
+// once every goroutine the consumer started has returned, including
+// handlers that ignore their context. It is idempotent and returns nil.
+func (c *Consumer) Close() error { return c.m.close() }
+
+// Assigned returns the queues the consumer holds now, sorted.
+func (c *Consumer) Assigned() []QueueID { return c.m.assigned() }
+
+// MemberID returns the consumer's ID in its group (see [WithMemberID]).
+func (c *Consumer) MemberID() string { return c.m.cfg.memberID }

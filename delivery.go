@@ -1,0 +1,363 @@
+package ferry
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Delivery is what the consumer tells a handler about the delivery it is
+// handling, through the handler's context (see [DeliveryFrom]).
+type Delivery struct {
+	// Group is the consumer group.
+	Group string
+	// Member is the consumer's member ID in the group.
+	Member string
+	// Attempt counts the attempts of this message, from 1.
+	Attempt int
+	// MaxAttempts is the attempt after which a failure sends the message
+	// to the dead-letter topic.
+	MaxAttempts int
+}
+
+type deliveryKey struct{}
+
+// DeliveryFrom returns the [Delivery] in a handler's context, and false
+// outside a handler.
+func DeliveryFrom(ctx context.Context) (Delivery, bool) {
+	d, ok := ctx.Value(deliveryKey{}).(*Delivery)
+	if !ok || d == nil {
+		return Delivery{}, false
+	}
+	return *d, true
+}
+
+// deliveryCtx is a worker's reusable handler context: its Delivery is
+// updated in place for each message, so handling allocates nothing.
+type deliveryCtx struct {
+	context.Context
+	d Delivery
+}
+
+func (c *deliveryCtx) Value(key any) any {
+	if key == (deliveryKey{}) {
+		return &c.d
+	}
+	return c.Context.Value(key)
+}
+
+// Permanent marks err as not worth retrying: the message goes to the
+// dead-letter topic at once. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Headers the consumer sets on a message it sends to the dead-letter
+// topic (beside the message's own headers).
+const (
+	HeaderOriginTopic  = "ferry-origin-topic"
+	HeaderOriginQueue  = "ferry-origin-queue"
+	HeaderOriginOffset = "ferry-origin-offset"
+	HeaderOriginID     = "ferry-origin-id"
+	HeaderGroup        = "ferry-group"
+	HeaderAttempts     = "ferry-attempts"
+	HeaderError        = "ferry-error"
+)
+
+// deliverer runs a push consumer's handler: its workers take batches from
+// the buffers, its retry loop brings failed messages back after their
+// backoff, and it sends what fails for good to the dead-letter topic.
+type deliverer struct {
+	m *groupMember
+	h Handler
+
+	retryWake chan struct{}
+	mu        sync.Mutex // guards delayed and producer
+	delayed   retryHeap
+	producer  *Producer
+}
+
+// retryItem is a message waiting for its next attempt (concurrent mode).
+type retryItem struct {
+	r       *queueRun
+	msg     *EnhancedMessage
+	attempt int // the attempt to make
+	due     time.Time
+}
+
+func newDeliverer(m *groupMember, h Handler) *deliverer {
+	return &deliverer{m: m, h: h, retryWake: make(chan struct{}, 1)}
+}
+
+// work is one worker: it takes a batch from a buffer with pending
+// messages (or a due retry), handles it and marks what finished done, one
+// buffer lock per batch.
+func (d *deliverer) work() {
+	m := d.m
+	defer m.wg.Done()
+	dctx := &deliveryCtx{d: Delivery{Group: m.group, Member: m.cfg.memberID, MaxAttempts: m.cfg.maxAttempts}}
+	batch := make([]*EnhancedMessage, 64)
+	finished := make([]*EnhancedMessage, 0, 64)
+	for {
+		r, it := m.sched.next(context.Background(), m.halt)
+		switch {
+		case it != nil:
+			if it.r.finished.Load() {
+				continue // released: the next owner gets it again
+			}
+			dctx.Context = it.r.hctx
+			if d.handle(dctx, it.r, it.msg, it.attempt) {
+				it.r.buf.Done(it.msg)
+				m.markDirty()
+			}
+		case r != nil && m.cfg.ordered:
+			d.ordered(dctx, r, batch[:1])
+		case r != nil:
+			k := min(len(batch), max(1, (r.buf.Pending()+m.cfg.concurrency-1)/m.cfg.concurrency))
+			n, pending := r.buf.Take(batch[:k])
+			if pending > 0 {
+				m.sched.push(r) // let other workers share the queue
+			}
+			dctx.Context = r.hctx
+			finished = finished[:0]
+			for _, msg := range batch[:n] {
+				if d.handle(dctx, r, msg, 1) {
+					finished = append(finished, msg)
+				}
+			}
+			if len(finished) > 0 {
+				r.buf.Done(finished...)
+				m.markDirty()
+			}
+			clear(batch[:n])
+			clear(finished)
+		default:
+			return
+		}
+	}
+}
+
+// ordered handles r's messages one at a time, in order, holding the
+// buffer's consumption lock, until none is pending, the queue is being
+// released, or a fair share is done.
+func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessage) {
+	if !r.buf.TryLock() {
+		return // another worker has the queue; it reschedules it after
+	}
+	dctx.Context = r.hctx
+	for range 64 {
+		if r.releasing.Load() {
+			break
+		}
+		n, _ := r.buf.Take(one)
+		if n == 0 {
+			break
+		}
+		msg := one[0]
+		one[0] = nil
+		if d.handleOrdered(dctx, r, msg) {
+			r.buf.Done(msg)
+			d.m.markDirty()
+		} else {
+			r.buf.abandon(msg)
+			break
+		}
+	}
+	r.buf.Unlock()
+	if r.buf.Pending() > 0 {
+		d.m.sched.push(r)
+	}
+}
+
+// handleOrdered attempts msg until it succeeds or goes to the dead-letter
+// topic (true), waiting out the backoff in place so its queue waits; false
+// when the handlers' context ends first.
+func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage) bool {
+	m := d.m
+	for attempt := 1; ; attempt++ {
+		err := d.call(dctx, msg, attempt)
+		if err == nil {
+			return true
+		}
+		if attempt >= m.cfg.maxAttempts || isPermanent(err) {
+			return d.deadLetter(r, msg, attempt, err)
+		}
+		t := time.NewTimer(backoff(m.cfg.backoff, attempt))
+		select {
+		case <-t.C:
+		case <-r.hctx.Done():
+			t.Stop()
+			return false
+		}
+	}
+}
+
+// handle makes one attempt of msg in concurrent mode. It reports whether
+// msg is finished; a failure with attempts left is scheduled for retry
+// and stays in flight.
+func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage, attempt int) bool {
+	m := d.m
+	err := d.call(dctx, msg, attempt)
+	if err == nil {
+		return true
+	}
+	if attempt >= m.cfg.maxAttempts || isPermanent(err) {
+		if d.deadLetter(r, msg, attempt, err) {
+			return true
+		}
+		r.buf.abandon(msg)
+		return false
+	}
+	d.schedule(&retryItem{r: r, msg: msg, attempt: attempt + 1, due: time.Now().Add(backoff(m.cfg.backoff, attempt))})
+	return false
+}
+
+// call runs the handler once, turning a panic into an error.
+func (d *deliverer) call(dctx *deliveryCtx, msg *EnhancedMessage, attempt int) (err error) {
+	dctx.d.Attempt = attempt
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("ferry: handler panic: %v", p)
+			d.m.b.log.Error("ferry: handler panic", "group", d.m.group, "queue", msg.QueueID().String(),
+				"offset", msg.Offset, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		}
+	}()
+	return d.h.Handle(dctx, msg)
+}
+
+func isPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// backoff returns the wait before attempt+1: base doubled per attempt
+// after the first, capped at MaxRetryBackoff.
+func backoff(base time.Duration, attempt int) time.Duration {
+	w := base
+	for i := 1; i < attempt && w < MaxRetryBackoff; i++ {
+		w *= 2
+	}
+	return min(w, MaxRetryBackoff)
+}
+
+// deadLetter sends msg to the dead-letter topic, creating the topic (one
+// queue) if needed, and reports whether it went.
+func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, cause error) bool {
+	m := d.m
+	p, err := d.dlqProducer(r.hctx)
+	if err == nil {
+		h := make(map[string]string, len(msg.Headers)+7)
+		maps.Copy(h, msg.Headers)
+		h[HeaderOriginTopic] = msg.Topic
+		h[HeaderOriginQueue] = strconv.Itoa(msg.Queue)
+		h[HeaderOriginOffset] = strconv.FormatInt(msg.Offset, 10)
+		h[HeaderOriginID] = msg.ID.String()
+		h[HeaderGroup] = m.group
+		h[HeaderAttempts] = strconv.Itoa(attempts)
+		h[HeaderError] = cause.Error()
+		_, err = p.Send(r.hctx, &Message{Topic: m.cfg.deadLetter, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body})
+	}
+	if err != nil {
+		m.report(fmt.Errorf("ferry: dead letter %s offset %d to %q: %w (the message stays unfinished)", msg.QueueID(), msg.Offset, m.cfg.deadLetter, err))
+		return false
+	}
+	m.b.log.Warn("ferry: dead letter", "group", m.group, "queue", msg.QueueID().String(), "offset", msg.Offset,
+		"attempts", attempts, "topic", m.cfg.deadLetter, "err", cause)
+	return true
+}
+
+func (d *deliverer) dlqProducer(ctx context.Context) (*Producer, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.producer != nil {
+		return d.producer, nil
+	}
+	b := d.m.b
+	if _, ok := b.Topic(d.m.cfg.deadLetter); !ok {
+		err := b.CreateTopic(ctx, TopicMeta{Name: d.m.cfg.deadLetter, Queues: 1})
+		if err != nil && !errors.Is(err, ErrTopicExists) {
+			return nil, err
+		}
+	}
+	p, err := b.NewProducer(WithProducerName(d.m.cfg.memberID))
+	if err != nil {
+		return nil, err
+	}
+	d.producer = p
+	return p, nil
+}
+
+// schedule queues a retry for its due time.
+func (d *deliverer) schedule(it *retryItem) {
+	d.mu.Lock()
+	heap.Push(&d.delayed, it)
+	d.mu.Unlock()
+	select {
+	case d.retryWake <- struct{}{}:
+	default:
+	}
+}
+
+// retryLoop hands retries to the workers when they are due, until the
+// consumer halts; retries still waiting then are dropped (their messages
+// are unfinished, so the next owner gets them).
+func (d *deliverer) retryLoop() {
+	m := d.m
+	defer m.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		d.mu.Lock()
+		now := time.Now()
+		for len(d.delayed) > 0 && !d.delayed[0].due.After(now) {
+			m.sched.pushRetry(heap.Pop(&d.delayed).(*retryItem))
+		}
+		wait := time.Hour
+		if len(d.delayed) > 0 {
+			wait = d.delayed[0].due.Sub(now)
+		}
+		d.mu.Unlock()
+		t.Reset(wait)
+		select {
+		case <-t.C:
+		case <-d.retryWake:
+		case <-m.halt:
+			d.mu.Lock()
+			clear(d.delayed)
+			d.delayed = nil
+			if d.producer != nil {
+				_ = d.producer.Close()
+			}
+			d.mu.Unlock()
+			return
+		}
+	}
+}
+
+type retryHeap []*retryItem
+
+func (h retryHeap) Len() int           { return len(h) }
+func (h retryHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h retryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *retryHeap) Push(x any)        { *h = append(*h, x.(*retryItem)) }
+func (h *retryHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return it
+}

@@ -1,0 +1,243 @@
+package ferry
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// StartFrom says where a group with no committed cursor starts reading.
+type StartFrom int
+
+const (
+	// Earliest starts at the oldest retained message (the default).
+	Earliest StartFrom = iota
+	// Latest starts at the next message written after the consumer takes
+	// the queue.
+	Latest
+)
+
+// String returns the name of the start position.
+func (s StartFrom) String() string {
+	switch s {
+	case Earliest:
+		return "Earliest"
+	case Latest:
+		return "Latest"
+	default:
+		return "StartFrom(" + strconv.Itoa(int(s)) + ")"
+	}
+}
+
+// Consumer defaults.
+const (
+	DefaultConcurrency  = 20 // RocketMQ's consumer goroutines
+	DefaultMaxAttempts  = 5
+	DefaultRetryBackoff = 100 * time.Millisecond
+	DefaultDrainTimeout = 10 * time.Second
+	// MaxRetryBackoff caps the growing wait between attempts.
+	MaxRetryBackoff = 30 * time.Second
+)
+
+// ConsumerOption configures a [Consumer] or a [PullConsumer]. Options that
+// only make sense for one of them say so; giving one to the other is
+// [ErrInvalidOption].
+type ConsumerOption func(*consumerConfig)
+
+type consumerConfig struct {
+	allocator    Allocator
+	broadcast    bool
+	memberID     string
+	concurrency  int
+	ordered      bool
+	buffer       BufferConfig
+	startFrom    StartFrom
+	tags         []string
+	maxAttempts  int
+	backoff      time.Duration
+	deadLetter   string
+	drainTimeout time.Duration
+	onError      func(error)
+	onReset      func(q QueueID, from, to int64)
+	autoCommit   bool
+
+	pushOnly []string // push-only options given
+	pullOnly []string // pull-only options given
+}
+
+func (c *consumerConfig) push(name string) { c.pushOnly = append(c.pushOnly, name) }
+
+// WithAllocator sets how the group's queues are split among its members.
+// Default: [AllocateAveragely]. Ignored with [Broadcast].
+func WithAllocator(a Allocator) ConsumerOption {
+	return func(c *consumerConfig) { c.allocator = a }
+}
+
+// Broadcast makes every member of the group get every queue, with a cursor
+// of its own kept under the group key "<group>@<member ID>" (see
+// [WithMemberID]). Default: clustering, each queue owned by exactly one
+// member.
+func Broadcast() ConsumerOption { return func(c *consumerConfig) { c.broadcast = true } }
+
+// WithMemberID sets the member's ID in its group: 1 to 128 bytes, unique
+// among the group's live members. Set a stable one for [Broadcast], whose
+// cursors are kept per member ID, so they survive restarts. Default:
+// "<host>-<pid>-<n>", n counting the consumers of the process.
+func WithMemberID(id string) ConsumerOption { return func(c *consumerConfig) { c.memberID = id } }
+
+// WithConcurrency sets how many goroutines run the handler (push only).
+// Default: [DefaultConcurrency]. With [Ordered] a queue is still handled by
+// one goroutine at a time.
+func WithConcurrency(n int) ConsumerOption {
+	return func(c *consumerConfig) { c.concurrency = n; c.push("WithConcurrency") }
+}
+
+// Ordered handles each queue one message at a time in offset order, the
+// queue's [Buffer] lock held while handling (push only); a failing message
+// holds its queue until it succeeds or goes to the dead-letter topic.
+// Default: concurrent.
+func Ordered() ConsumerOption {
+	return func(c *consumerConfig) { c.ordered = true; c.push("Ordered") }
+}
+
+// WithBuffer sets the capacity of each queue's [Buffer] in messages and
+// bytes of [Message.Size]. Default: [DefaultBufferMessages] and
+// [DefaultBufferBytes].
+func WithBuffer(maxMessages int, maxBytes int64) ConsumerOption {
+	return func(c *consumerConfig) { c.buffer.MaxMessages, c.buffer.MaxBytes = maxMessages, maxBytes }
+}
+
+// WithWatermarks sets, as fractions of the buffer capacity, where fetching
+// pauses (high, in (0, 1]) and resumes (low, in [0, high)). Default:
+// [DefaultHighWatermark] and [DefaultLowWatermark].
+func WithWatermarks(high, low float64) ConsumerOption {
+	return func(c *consumerConfig) { c.buffer.HighWatermark, c.buffer.LowWatermark = high, low }
+}
+
+// WithMaxSpan bounds the distance between a queue's oldest unfinished
+// offset and its newest fetched one; fetching pauses beyond it. Default:
+// [DefaultMaxSpan].
+func WithMaxSpan(n int64) ConsumerOption {
+	return func(c *consumerConfig) { c.buffer.MaxSpan = n }
+}
+
+// WithStartFrom sets where a group with no committed cursor for a queue
+// starts. Default: [Earliest], so a group started after the first sends
+// still sees them (within retention).
+func WithStartFrom(s StartFrom) ConsumerOption { return func(c *consumerConfig) { c.startFrom = s } }
+
+// WithTags delivers only messages whose Tag is one of tags; the others are
+// skipped and still committed. Default: every message.
+func WithTags(tags ...string) ConsumerOption {
+	return func(c *consumerConfig) { c.tags = append(c.tags, tags...) }
+}
+
+// WithRetry sets how many times a message is attempted in all (at least
+// 1) and the wait before the first retry, which doubles on each later one
+// up to [MaxRetryBackoff] (push only). Default: [DefaultMaxAttempts] and
+// [DefaultRetryBackoff].
+func WithRetry(maxAttempts int, backoff time.Duration) ConsumerOption {
+	return func(c *consumerConfig) {
+		c.maxAttempts, c.backoff = maxAttempts, backoff
+		c.push("WithRetry")
+	}
+}
+
+// WithDeadLetter sets the topic failed messages go to (push only); it is
+// created with one queue on first use if it does not exist. Default:
+// "%DLQ%<group>".
+func WithDeadLetter(topic string) ConsumerOption {
+	return func(c *consumerConfig) { c.deadLetter = topic; c.push("WithDeadLetter") }
+}
+
+// WithDrainTimeout bounds how long releasing a queue (on rebalance or
+// Close) waits for its in-flight messages to finish before it commits what
+// finished, cancels the handlers' context and lets the queue go; the
+// unfinished ones are delivered again to the next owner. Zero does not
+// wait. Default:
+// [DefaultDrainTimeout].
+func WithDrainTimeout(d time.Duration) ConsumerOption {
+	return func(c *consumerConfig) { c.drainTimeout = d }
+}
+
+// WithOnError sets a function called with errors that happen in the
+// background: an allocator split that breaks the rules
+// ([ErrInvalidAllocation], naming the allocator), failed commits, failed
+// dead-letter sends, read errors. It is called from the consumer's
+// goroutines and must not block. The broker's logger logs them too.
+// Default: none.
+func WithOnError(f func(error)) ConsumerOption { return func(c *consumerConfig) { c.onError = f } }
+
+// WithOnReset sets a function called when a queue's cursor is reset
+// because it fell out of the retained range (behind retention, or past
+// the end): from is where the consumer was, to where it goes on. The
+// broker's logger logs it at Warn too. It must not block. Default: none.
+func WithOnReset(f func(q QueueID, from, to int64)) ConsumerOption {
+	return func(c *consumerConfig) { c.onReset = f }
+}
+
+// WithAutoCommit makes a [PullConsumer] mark the messages of a Poll
+// finished at the next Poll or Close, and those of
+// [PullConsumer.Messages] once the loop body is done with each (pull
+// only). Default: off; call [PullConsumer.Commit].
+func WithAutoCommit() ConsumerOption {
+	return func(c *consumerConfig) { c.autoCommit = true; c.pullOnly = append(c.pullOnly, "WithAutoCommit") }
+}
+
+var memberSeq atomic.Int64
+
+// newConsumerConfig applies opts over the defaults and validates the
+// result; errors wrap ErrInvalidOption.
+func newConsumerConfig(group, topic string, opts []ConsumerOption) (*consumerConfig, error) {
+	c := &consumerConfig{
+		allocator:    AllocateAveragely(),
+		concurrency:  DefaultConcurrency,
+		maxAttempts:  DefaultMaxAttempts,
+		backoff:      DefaultRetryBackoff,
+		drainTimeout: DefaultDrainTimeout,
+		buffer:       BufferConfig{}.withDefaults(),
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(c)
+		}
+	}
+	if c.memberID == "" {
+		c.memberID = bornAddress + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(memberSeq.Add(1), 10)
+	}
+	if c.deadLetter == "" {
+		c.deadLetter = "%DLQ%" + group
+	}
+	if err := ValidateCursorArgs(topic, group, 0); err != nil {
+		return nil, err
+	}
+	switch {
+	case c.allocator == nil:
+		return nil, fmt.Errorf("%w: nil allocator", ErrInvalidOption)
+	case len(c.memberID) > 128:
+		return nil, fmt.Errorf("%w: member id of %d bytes", ErrInvalidOption, len(c.memberID))
+	case c.broadcast && len(group)+1+len(c.memberID) > 255:
+		return nil, fmt.Errorf("%w: group and member id too long for a broadcast cursor", ErrInvalidOption)
+	case c.concurrency < 1:
+		return nil, fmt.Errorf("%w: concurrency %d", ErrInvalidOption, c.concurrency)
+	case c.startFrom != Earliest && c.startFrom != Latest:
+		return nil, fmt.Errorf("%w: %v", ErrInvalidOption, c.startFrom)
+	case c.maxAttempts < 1:
+		return nil, fmt.Errorf("%w: max attempts %d", ErrInvalidOption, c.maxAttempts)
+	case c.backoff < 0:
+		return nil, fmt.Errorf("%w: retry backoff %v", ErrInvalidOption, c.backoff)
+	case c.drainTimeout < 0:
+		return nil, fmt.Errorf("%w: drain timeout %v", ErrInvalidOption, c.drainTimeout)
+	}
+	for _, t := range c.tags {
+		if t == "" {
+			return nil, fmt.Errorf("%w: empty tag", ErrInvalidOption)
+		}
+	}
+	if err := c.buffer.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}

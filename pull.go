@@ -1,0 +1,210 @@
+package ferry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"strings"
+	"sync"
+)
+
+// PullConsumer is a member of a consumer group that the caller pulls
+// messages from, instead of giving a handler. It shares the group
+// machinery of [Consumer]: membership, allocation, queue locks, buffers
+// and flow control, cursors. A polled message is in flight until it is
+// committed; the cursor of a queue moves to its smallest unfinished
+// offset, so a message polled and never committed is delivered again
+// after a rebalance or restart (and holds the queue's flow control
+// meanwhile: see [WithMaxSpan]).
+//
+// Start (or the first Poll) starts goroutines: a fetch loop per owned
+// queue, a committer and the membership loop; Close stops them and waits.
+// A PullConsumer is safe for concurrent use.
+type PullConsumer struct {
+	m *groupMember
+
+	mu   sync.Mutex // guards last
+	last []*EnhancedMessage
+}
+
+// NewPullConsumer returns a pull consumer for topic in group. It takes the
+// options of [Broker.NewConsumer] except the push-only ones
+// (WithConcurrency, Ordered, WithRetry, WithDeadLetter), which are
+// [ErrInvalidOption], and it takes [WithAutoCommit].
+func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*PullConsumer, error) {
+	cfg, err := newConsumerConfig(group, topic, opts)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: new pull consumer: %w", err)
+	}
+	if len(cfg.pushOnly) > 0 {
+		return nil, fmt.Errorf("ferry: new pull consumer: %w: %s is for push consumers", ErrInvalidOption, strings.Join(cfg.pushOnly, ", "))
+	}
+	if b.closed.Load() {
+		return nil, fmt.Errorf("ferry: new pull consumer: %w", ErrClosed)
+	}
+	m := newGroupMember(b, group, topic, cfg)
+	m.pull = true
+	return &PullConsumer{m: m}, nil
+}
+
+// Start joins the group and returns once the consumer holds the queues of
+// its first assignment, or ctx is done; see [Consumer.Start]. Poll calls
+// it if needed.
+func (c *PullConsumer) Start(ctx context.Context) error {
+	return c.m.start(ctx, "start pull consumer", nil)
+}
+
+// Poll returns up to max messages, in offset order within each queue,
+// waiting until there is at least one or ctx is done (ctx's error). It
+// starts the consumer if needed. max < 1 is [ErrInvalidOption]; after
+// Close it is [ErrClosed]. With [WithAutoCommit] it first marks the
+// messages of earlier Polls finished. The caller owns the slice; the
+// messages are shared with other groups and must not be modified.
+func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, error) {
+	if max < 1 {
+		return nil, fmt.Errorf("ferry: poll: %w: max %d", ErrInvalidOption, max)
+	}
+	if err := c.Start(ctx); err != nil {
+		return nil, fmt.Errorf("ferry: poll: %w", err)
+	}
+	if c.m.cfg.autoCommit {
+		c.mu.Lock()
+		last := c.last
+		c.last = nil
+		c.mu.Unlock()
+		c.finish(last)
+	}
+	out := make([]*EnhancedMessage, max)
+	n, err := c.poll(ctx, out)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: poll: %w", err)
+	}
+	out = out[:n:n]
+	if c.m.cfg.autoCommit {
+		c.mu.Lock()
+		c.last = append(c.last, out...)
+		c.mu.Unlock()
+	}
+	return out, nil
+}
+
+// poll fills dst from one queue with pending messages.
+func (c *PullConsumer) poll(ctx context.Context, dst []*EnhancedMessage) (int, error) {
+	m := c.m
+	for {
+		r, _ := m.sched.next(ctx, m.halt)
+		if r == nil {
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+			return 0, ErrClosed
+		}
+		n, pending := r.buf.Take(dst)
+		if pending > 0 {
+			m.sched.push(r)
+		}
+		if n > 0 {
+			return n, nil
+		}
+	}
+}
+
+// finish marks msgs finished in their queues' buffers and returns the
+// runs touched.
+func (c *PullConsumer) finish(msgs []*EnhancedMessage) []*queueRun {
+	if len(msgs) == 0 {
+		return nil
+	}
+	m := c.m
+	var touched []*queueRun
+	m.mu.Lock()
+	for _, msg := range msgs {
+		if msg == nil || msg.Topic != m.topic {
+			continue
+		}
+		if r := m.runs[msg.Queue]; r != nil && !r.finished.Load() {
+			r.buf.Done(msg)
+			if len(touched) == 0 || touched[len(touched)-1] != r {
+				touched = append(touched, r)
+			}
+		}
+	}
+	m.mu.Unlock()
+	m.markDirty()
+	return touched
+}
+
+// Commit marks msgs finished and commits the cursors of their queues now:
+// each moves to its queue's smallest unfinished offset, so committing out
+// of order never skips a message. Messages of queues the consumer no
+// longer holds are ignored (the next owner delivers them again). After
+// Close it is [ErrClosed].
+func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) error {
+	c.m.mu.Lock()
+	closed := c.m.state == memberClosed
+	c.m.mu.Unlock()
+	if closed {
+		return fmt.Errorf("ferry: commit: %w", ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("ferry: commit: %w", err)
+	}
+	var errs []error
+	for _, r := range c.finish(msgs) {
+		errs = append(errs, r.commit(false))
+	}
+	return errors.Join(errs...)
+}
+
+// Messages returns an iterator over the consumer's messages, one at a
+// time, until ctx is done or the consumer is closed; it then yields the
+// error (ctx's, or [ErrClosed]) and stops. With [WithAutoCommit] each
+// message is marked finished once the loop body is done with it
+// (including when the body breaks out of the loop); otherwise call
+// [PullConsumer.Commit].
+func (c *PullConsumer) Messages(ctx context.Context) iter.Seq2[*EnhancedMessage, error] {
+	return func(yield func(*EnhancedMessage, error) bool) {
+		if err := c.Start(ctx); err != nil {
+			yield(nil, fmt.Errorf("ferry: messages: %w", err))
+			return
+		}
+		var one [1]*EnhancedMessage
+		for {
+			if _, err := c.poll(ctx, one[:]); err != nil {
+				yield(nil, fmt.Errorf("ferry: messages: %w", err))
+				return
+			}
+			more := yield(one[0], nil)
+			if c.m.cfg.autoCommit {
+				c.finish(one[:])
+			}
+			one[0] = nil
+			if !more {
+				return
+			}
+		}
+	}
+}
+
+// Assigned returns the queues the consumer holds now, sorted.
+func (c *PullConsumer) Assigned() []QueueID { return c.m.assigned() }
+
+// MemberID returns the consumer's ID in its group.
+func (c *PullConsumer) MemberID() string { return c.m.cfg.memberID }
+
+// Close leaves the group and releases its queues: with [WithAutoCommit]
+// the messages of the last Poll count as finished; messages polled and
+// not committed are left to the next owner at once (a rebalance, unlike
+// Close, waits for them up to the drain timeout). It returns when every goroutine the consumer started has
+// returned. Idempotent; returns nil.
+func (c *PullConsumer) Close() error {
+	if c.m.cfg.autoCommit {
+		c.mu.Lock()
+		last := c.last
+		c.last = nil
+		c.mu.Unlock()
+		c.finish(last)
+	}
+	return c.m.close()
+}
