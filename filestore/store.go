@@ -105,7 +105,7 @@ func Open(dir string, opts ...Option) (*Store, error) {
 	return st, nil
 }
 
-func open(dir string, cfg config) (st *Store, err error) {
+func open(dir string, cfg config) (_ *Store, err error) {
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, err
@@ -128,7 +128,7 @@ func open(dir string, cfg config) (st *Store, err error) {
 		_ = root.Close()
 		return nil, err
 	}
-	st = &Store{
+	st := &Store{
 		cfg: cfg, dir: dir, root: root, lock: lock,
 		topics: map[string]ferry.TopicMeta{},
 		queues: map[ferry.QueueID]*queue{},
