@@ -62,7 +62,11 @@ func openCursors(st *Store) (*cursorStore, error) {
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 	}
-	_ = st.root.Remove(cursorFile + ".tmp")
+	if err := st.root.Remove(cursorFile + ".tmp"); err == nil {
+		if err := syncDir(st.root, "."); err != nil {
+			return nil, err
+		}
+	}
 	b, err := readBounded(st.root, cursorFile, maxCursorFileSz)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):

@@ -539,7 +539,7 @@ func (q *queue) syncActive() error {
 	act := q.segs[len(q.segs)-1]
 	q.segMu.RUnlock()
 	q.dirty = false
-	if err := fdatasync(act.f); err != nil {
+	if err := syncFile(act.f); err != nil {
 		q.fail(err)
 		return err
 	}
@@ -571,7 +571,7 @@ func (q *queue) roll() error {
 	base := old.next
 	q.segMu.RUnlock()
 	if q.cfg.sync.mode != syncNever {
-		if err := fdatasync(old.f); err != nil {
+		if err := syncFile(old.f); err != nil {
 			return err
 		}
 		q.dirty = false

@@ -128,6 +128,11 @@ func open(dir string, cfg config) (_ *Store, err error) {
 		_ = root.Close()
 		return nil, err
 	}
+	if err := syncDir(root, "."); err != nil { // LOCK may be new
+		_ = lock.Close()
+		_ = root.Close()
+		return nil, err
+	}
 	st := &Store{
 		cfg: cfg, dir: dir, root: root, lock: lock,
 		topics: map[string]ferry.TopicMeta{},
@@ -193,7 +198,7 @@ func writeFileRename(root *os.Root, name string, data []byte, durable bool) erro
 	}
 	_, err = f.Write(data)
 	if err == nil && durable {
-		err = f.Sync()
+		err = syncFile(f)
 	}
 	if err = errors.Join(err, f.Close()); err != nil {
 		_ = root.Remove(tmp)
@@ -325,11 +330,13 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 	}
 	var bases []int64
 	indexes := map[int64]bool{}
+	removed := false
 	for _, e := range entries {
 		n := e.Name()
 		switch {
 		case strings.HasSuffix(n, ".tmp"):
 			_ = st.root.Remove(path.Join(qdir, n))
+			removed = true
 		case len(n) == 24 && strings.HasSuffix(n, ".log"):
 			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
 				bases = append(bases, b)
@@ -390,6 +397,13 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 	for b := range indexes { // orphans of deleted segments
 		if !slices.Contains(bases, b) {
 			_ = st.root.Remove(indexName(qdir, b))
+			removed = true
+		}
+	}
+	if removed {
+		if err := syncDir(st.root, qdir); err != nil {
+			closeAll()
+			return nil, err
 		}
 	}
 	return newQueue(st, id, qdir, segs, ret), nil
@@ -444,7 +458,7 @@ func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasInde
 		if err := s.f.Truncate(pos); err != nil {
 			return err
 		}
-		if err := fdatasync(s.f); err != nil {
+		if err := syncFile(s.f); err != nil {
 			return err
 		}
 		st.recovery.Truncated = append(st.recovery.Truncated, Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err})

@@ -494,3 +494,50 @@ func TestBrokerOverStore(t *testing.T) {
 	}
 	assert.Equal(t, 30, total)
 }
+
+func TestTailingReadersWithRetention(t *testing.T) {
+	ctx := context.Background()
+	st := open(t, t.TempDir(), filestore.WithSegmentBytes(4096), filestore.WithCache(8, 1<<20), filestore.WithSync(filestore.SyncNever))
+	meta := ferry.TopicMeta{Name: "t", Queues: 1, Retention: ferry.Retention{MaxMessages: 400}}
+	q := openQueue(t, st, meta, 0)
+	const writers, each = 4, 300
+	total := int64(writers * each)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				_, err := q.Write(ctx, []*ferry.EnhancedMessage{msg("t", w*each+i)})
+				assert.NoError(t, err)
+			}
+		})
+	}
+	for range 3 {
+		wg.Go(func() {
+			off, prev := int64(0), int64(-1)
+			dst := make([]*ferry.EnhancedMessage, 16)
+			for off < total {
+				n, err := q.Read(ctx, off, dst)
+				if errors.Is(err, ferry.ErrOffsetOutOfRange) {
+					oldest, _ := q.Offsets()
+					assert.Greater(t, oldest, off, "out of range only below the oldest")
+					off = oldest
+					continue
+				}
+				if !assert.NoError(t, err) {
+					return
+				}
+				for _, m := range dst[:n] {
+					assert.Greater(t, m.Offset, prev)
+					assert.Equal(t, off, m.Offset)
+					prev = m.Offset
+					off++
+				}
+			}
+		})
+	}
+	wg.Wait()
+	oldest, next := q.Offsets()
+	assert.Equal(t, total, next)
+	assert.LessOrEqual(t, next-oldest, int64(400))
+	assert.GreaterOrEqual(t, next-oldest, int64(350))
+}

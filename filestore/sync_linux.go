@@ -5,6 +5,9 @@ import (
 	"syscall"
 )
 
+// syncFile is fdatasync, replaced by tests to inject errors.
+var syncFile = fdatasync
+
 // fdatasync flushes f's data (and the metadata needed to read it back).
 func fdatasync(f *os.File) error {
 	for {
