@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -16,10 +15,15 @@ import (
 	"github.com/ferrymq/ferry"
 )
 
-// The cursor file holds every committed cursor: a CRC-32C, then a JSON
-// array of entries. It is replaced whole (temporary file, fsync, rename,
-// fsync of the directory), so it is either the old or the new version;
-// a file that fails its checksum is damage, reported as ErrCorrupt.
+// The cursor file holds every committed cursor:
+//
+//	u32 CRC-32C of what follows, u32 entry count, then per entry
+//	u8 topic length, topic, u8 group length, group, u32 queue, u64 offset
+//
+// (group names may hold any bytes, so no text format). It is replaced
+// whole (temporary file, fsync, rename, fsync of the directory), so it is
+// either the old or the new version; a file that fails a check is damage,
+// reported as ErrCorrupt.
 const (
 	cursorFile      = "cursors"
 	maxCursorFileSz = 256 << 20
@@ -28,13 +32,6 @@ const (
 type cursorKey struct {
 	topic, group string
 	queue        int
-}
-
-type cursorEntry struct {
-	Topic  string `json:"t"`
-	Group  string `json:"g"`
-	Queue  int    `json:"q"`
-	Offset int64  `json:"o"`
 }
 
 // cursorStore keeps the cursors in memory and one goroutine that writes
@@ -78,9 +75,7 @@ func openCursors(st *Store) (*cursorStore, error) {
 		}
 	}
 	// Clamp each cursor to its queue's retained range.
-	keys := slices.SortedFunc(mapKeys(c.m), func(a, b cursorKey) int {
-		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.group, b.group), cmp.Compare(a.queue, b.queue))
-	})
+	keys := slices.SortedFunc(mapKeys(c.m), compareKeys)
 	for _, k := range keys {
 		q, ok := st.queues[ferry.QueueID{Topic: k.topic, Queue: k.queue}]
 		if !ok {
@@ -117,32 +112,59 @@ func mapKeys(m map[cursorKey]int64) func(func(cursorKey) bool) {
 }
 
 func (c *cursorStore) decode(b []byte) error {
-	if len(b) < 4 || crc32.Checksum(b[4:], castagnoli) != binary.LittleEndian.Uint32(b) {
+	if len(b) < 8 || crc32.Checksum(b[4:], castagnoli) != binary.LittleEndian.Uint32(b) {
 		return fmt.Errorf("%w: cursor file checksum", ferry.ErrCorrupt)
 	}
-	var es []cursorEntry
-	if err := json.Unmarshal(b[4:], &es); err != nil {
-		return fmt.Errorf("%w: cursor file: %v", ferry.ErrCorrupt, err)
+	n := binary.LittleEndian.Uint32(b[4:])
+	b = b[8:]
+	if uint64(n) > uint64(len(b))/(1+1+1+1+4+8) { // each entry takes at least 16 bytes
+		return fmt.Errorf("%w: cursor file: %d entries in %d bytes", ferry.ErrCorrupt, n, len(b))
 	}
-	for _, e := range es {
-		if err := ferry.ValidateCursorArgs(e.Topic, e.Group, e.Queue); err != nil || e.Offset < 0 {
-			return fmt.Errorf("%w: cursor entry %+v", ferry.ErrCorrupt, e)
+	str := func() (string, bool) {
+		if len(b) < 1 || len(b) < 1+int(b[0]) {
+			return "", false
 		}
-		c.m[cursorKey{e.Topic, e.Group, e.Queue}] = e.Offset
+		s := string(b[1 : 1+int(b[0])])
+		b = b[1+int(b[0]):]
+		return s, true
+	}
+	for i := range n {
+		topic, ok1 := str()
+		group, ok2 := str()
+		if !ok1 || !ok2 || len(b) < 12 {
+			return fmt.Errorf("%w: cursor file: entry %d cut short", ferry.ErrCorrupt, i)
+		}
+		queue, off := int(binary.LittleEndian.Uint32(b)), int64(binary.LittleEndian.Uint64(b[4:]))
+		b = b[12:]
+		if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil || off < 0 {
+			return fmt.Errorf("%w: cursor file: entry %d (%q, %q, %d, %d)", ferry.ErrCorrupt, i, topic, group, queue, off)
+		}
+		c.m[cursorKey{topic, group, queue}] = off
+	}
+	if len(b) != 0 {
+		return fmt.Errorf("%w: cursor file: %d bytes after the last entry", ferry.ErrCorrupt, len(b))
 	}
 	return nil
 }
 
 func (c *cursorStore) encode() []byte {
-	es := make([]cursorEntry, 0, len(c.m))
-	for k, o := range c.m {
-		es = append(es, cursorEntry{k.topic, k.group, k.queue, o})
+	keys := slices.SortedFunc(mapKeys(c.m), compareKeys)
+	b := make([]byte, 8, 8+len(keys)*40)
+	binary.LittleEndian.PutUint32(b[4:], uint32(len(keys)))
+	for _, k := range keys {
+		b = append(b, byte(len(k.topic)))
+		b = append(b, k.topic...)
+		b = append(b, byte(len(k.group)))
+		b = append(b, k.group...)
+		b = binary.LittleEndian.AppendUint32(b, uint32(k.queue))
+		b = binary.LittleEndian.AppendUint64(b, uint64(c.m[k]))
 	}
-	slices.SortFunc(es, func(a, b cursorEntry) int {
-		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Group, b.Group), cmp.Compare(a.Queue, b.Queue))
-	})
-	j, _ := json.Marshal(es)
-	return append(binary.LittleEndian.AppendUint32(nil, crc32.Checksum(j, castagnoli)), j...)
+	binary.LittleEndian.PutUint32(b, crc32.Checksum(b[4:], castagnoli))
+	return b
+}
+
+func compareKeys(a, b cursorKey) int {
+	return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.group, b.group), cmp.Compare(a.queue, b.queue))
 }
 
 func (c *cursorStore) poke() {

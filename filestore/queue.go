@@ -509,6 +509,9 @@ func (q *queue) commit(batch []*writeReq) {
 	for _, r := range batch {
 		r.done <- writeRes{first: r.msgs[0].Offset}
 	}
+	if cap(q.enc) > 16<<20 { // do not hold on to the buffers of a huge batch
+		q.enc, q.out = nil, nil
+	}
 }
 
 // trimCache keeps the cache within its bounds and at or above oldest.

@@ -421,7 +421,7 @@ func TestCursorsPersistAndClamp(t *testing.T) {
 	require.NoError(t, st.Commit(ctx, "t", "early", 0, 1))
 	require.NoError(t, st.Commit(ctx, "t", "late", 0, 4))
 	require.NoError(t, st.Commit(ctx, "t", "late", 1, 0))
-	require.NoError(t, st.Commit(ctx, "other", "g g/../x", 3, 42)) // no such queue: kept as is
+	require.NoError(t, st.Commit(ctx, "other", "g g/../x\xff\x00", 3, 42)) // no such queue: kept as is
 	got, err := st.Load(ctx, "t", "late", 3)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{4, 0, -1}, got)
@@ -450,7 +450,7 @@ func TestCursorsPersistAndClamp(t *testing.T) {
 	got, err = st.Load(ctx, "t", "late", 2)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{5, 0}, got)
-	got, err = st.Load(ctx, "other", "g g/../x", 4)
+	got, err = st.Load(ctx, "other", "g g/../x\xff\x00", 4)
 	require.NoError(t, err)
 	assert.Equal(t, []int64{-1, -1, -1, 42}, got)
 }
@@ -540,4 +540,57 @@ func TestTailingReadersWithRetention(t *testing.T) {
 	assert.Equal(t, total, next)
 	assert.LessOrEqual(t, next-oldest, int64(400))
 	assert.GreaterOrEqual(t, next-oldest, int64(350))
+}
+
+func TestBatchSpansFramesAndSegments(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	opts := []filestore.Option{filestore.WithSegmentBytes(4096), filestore.WithMaxFrameBytes(4096), filestore.WithCache(0, 0)}
+	st := open(t, dir, opts...)
+	meta := ferry.TopicMeta{Name: "t", Queues: 1}
+	q := openQueue(t, st, meta, 0)
+	batch := make([]*ferry.EnhancedMessage, 100)
+	for i := range batch {
+		batch[i] = msg("t", i)
+		batch[i].Body = make([]byte, 200)
+		batch[i].Body[0] = byte(i)
+	}
+	first, err := q.Write(ctx, batch)
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), first)
+	require.NoError(t, st.Close())
+	segs, _ := filepath.Glob(filepath.Join(dir, "topics", "t", "0", "*.log"))
+	assert.Greater(t, len(segs), 4, "a 20 KB batch over 4 KiB segments")
+
+	st = open(t, dir, opts...)
+	q = openQueue(t, st, meta, 0)
+	got := readAll(t, q, 0)
+	require.Len(t, got, 100)
+	for i, m := range got {
+		assert.Equal(t, byte(i), m.Body[0])
+	}
+	// Reads from the middle of a segment go through the sparse index.
+	dst := make([]*ferry.EnhancedMessage, 3)
+	n, err := q.Read(ctx, 57, dst)
+	require.NoError(t, err)
+	require.Positive(t, n)
+	assert.Equal(t, int64(57), dst[0].Offset)
+}
+
+func TestOpenQueueTwiceSharesTheQueue(t *testing.T) {
+	ctx := context.Background()
+	st := open(t, t.TempDir())
+	meta := ferry.TopicMeta{Name: "t", Queues: 1}
+	a := openQueue(t, st, meta, 0)
+	b := openQueue(t, st, meta, 0)
+	_, err := a.Write(ctx, []*ferry.EnhancedMessage{msg("t", 0)})
+	require.NoError(t, err)
+	_, next := b.Offsets()
+	assert.Equal(t, int64(1), next)
+	require.NoError(t, st.Close())
+	_, err = st.OpenQueue(ctx, meta, 0)
+	require.ErrorIs(t, err, ferry.ErrClosed)
+	_, err = st.Topics(ctx)
+	require.ErrorIs(t, err, ferry.ErrClosed)
+	require.ErrorIs(t, st.SaveTopic(ctx, meta), ferry.ErrClosed)
 }
