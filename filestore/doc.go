@@ -47,12 +47,13 @@
 //
 // # Retention
 //
-// Retention deletes whole sealed segments, oldest first, while a queue is
-// over MaxMessages or MaxBytes, or while its oldest segment is older than
-// MaxAge. A segment stops taking messages at an eighth of each bound, so a
-// queue keeps at most its bounds and, once full, at least seven eighths
-// of them (exactly its bounds when a bound is 15 messages or fewer). With
-// [ferry.Block] overflow the queue implements [ferry.TryWriter] and
+// Retention deletes whole sealed segments, oldest first: those whose
+// messages are all older than MaxAge, and those without which the queue
+// still holds MaxMessages messages and MaxBytes bytes (Kafka's rule: a
+// queue keeps at least its bounds). A segment stops taking messages at an
+// eighth of each bound, so a queue keeps at most about an eighth more than
+// its bounds, and exactly its bounds when a bound is 15 messages or fewer.
+// With [ferry.Block] overflow the queue implements [ferry.TryWriter] and
 // [ferry.Releaser]: a write waits until released segments can be deleted
 // to make room.
 //

@@ -182,6 +182,9 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 
 func over(v, limit int64) bool { return limit != ferry.Unlimited && v > limit }
 
+// atLeast reports whether v reaches a bound that is not Unlimited.
+func atLeast(v, limit int64) bool { return limit != ferry.Unlimited && v >= limit }
+
 // run is the writer goroutine: it owns appends, rolls, syncs and deletes.
 func (q *queue) run() {
 	defer q.wg.Done()
@@ -506,6 +509,12 @@ func (q *queue) commit(batch []*writeReq) {
 	}
 	q.wakeReaders()
 	q.mu.Unlock()
+	// Retention before the acknowledgement, so a writer sees its bounds
+	// kept when Write returns. A failed delete fails later writes; these
+	// are on disk.
+	if err := q.retain(now); err != nil {
+		q.fail(err)
+	}
 	for _, r := range batch {
 		r.done <- writeRes{first: r.msgs[0].Offset}
 	}
@@ -599,9 +608,12 @@ func (q *queue) roll() error {
 	return nil
 }
 
-// retain deletes the oldest sealed segments while the queue is over a
-// retention bound (with Block overflow, only segments wholly released), and
-// seals an active segment whose messages all expired.
+// retain deletes the oldest sealed segments that retention lets go: with
+// DropOldest, those whose messages all expired, and those the queue is over
+// its bounds without (so a queue keeps at least its bounds, Kafka's rule);
+// with Block, segments wholly released when a write waits for room or
+// their messages expired. It seals an active segment whose messages all
+// expired, so that it can go too.
 func (q *queue) retain(now time.Time) error {
 	q.mu.Lock()
 	ret, released, failed := q.ret, q.released, q.failed
@@ -634,10 +646,14 @@ func (q *queue) retain(now time.Time) error {
 			break
 		}
 		old := ret.MaxAge > 0 && s.lastTime != 0 && now.Sub(time.Unix(0, s.lastTime)) > ret.MaxAge
-		if !old && !over(count, ret.MaxMessages) && !over(bytes, ret.MaxBytes) {
-			if ret.Overflow != ferry.Block || len(q.pending) == 0 {
-				break
-			}
+		var drop bool
+		if ret.Overflow == ferry.Block {
+			drop = old || len(q.pending) > 0
+		} else {
+			drop = old || atLeast(count-s.count(), ret.MaxMessages) || atLeast(bytes-s.sizeSum, ret.MaxBytes)
+		}
+		if !drop {
+			break
 		}
 		count -= s.count()
 		bytes -= s.sizeSum
