@@ -1,0 +1,174 @@
+package filestore_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/filestore"
+)
+
+// The crash test re-executes the test binary as a child that writes with
+// SyncAlways from several goroutines and prints every acknowledged
+// message; the parent kills it with SIGKILL after a random number of
+// acknowledgements, reopens the store and checks that every acknowledged
+// message is there, intact, in order, at contiguous offsets, and that the
+// cursor is at least the last one acknowledged.
+
+const crashChildEnv = "FILESTORE_CRASH_CHILD"
+
+var crashMeta = ferry.TopicMeta{Name: "crash", Queues: 1, Retention: ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited}}
+
+func crashOptions() []filestore.Option {
+	return []filestore.Option{filestore.WithSync(filestore.SyncAlways), filestore.WithSegmentBytes(16 << 10), filestore.WithCache(16, 1<<20)}
+}
+
+func crashBody(w, seq int) string {
+	return fmt.Sprintf("w%d-s%d-%s", w, seq, strings.Repeat("x", (w*7+seq)%50))
+}
+
+func crashChild() {
+	ctx := context.Background()
+	st, err := filestore.Open(os.Getenv(crashChildEnv), crashOptions()...)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	q, err := st.OpenQueue(ctx, crashMeta, 0)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	var mu sync.Mutex // serializes lines on stdout
+	say := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, _ = os.Stdout.WriteString(s)
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for seq := 0; ; seq++ {
+				n := 1 + seq%3
+				batch := make([]*ferry.EnhancedMessage, n)
+				for i := range batch {
+					batch[i] = &ferry.EnhancedMessage{Message: ferry.Message{Topic: crashMeta.Name, Body: []byte(crashBody(w, seq*3+i))}}
+				}
+				first, err := q.Write(ctx, batch)
+				if err != nil {
+					say(fmt.Sprintln("error", err))
+					os.Exit(1)
+				}
+				var b strings.Builder
+				for i, m := range batch {
+					fmt.Fprintf(&b, "ack %d %s\n", first+int64(i), m.Body)
+				}
+				say(b.String())
+				if w == 0 {
+					if err := st.Commit(ctx, crashMeta.Name, "g", 0, first+int64(n)); err != nil {
+						say(fmt.Sprintln("error", err))
+						os.Exit(1)
+					}
+					say(fmt.Sprintf("cursor %d\n", first+int64(n)))
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestCrashRecovery(t *testing.T) {
+	kills := 20
+	if testing.Short() {
+		kills = 5
+	}
+	dir := t.TempDir()
+	acked := map[int64]string{}
+	var cursor int64
+	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 7))
+	for k := range kills {
+		target := rng.IntN(400) // 0: kill at once, maybe during recovery
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		reached := make(chan struct{})
+		lines := make(chan []string, 1)
+		go func() {
+			var got []string
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				got = append(got, sc.Text())
+				if len(got) == target {
+					close(reached)
+				}
+			}
+			if len(got) < target {
+				close(reached)
+			}
+			lines <- got
+		}()
+		if target > 0 {
+			<-reached
+		}
+		require.NoError(t, cmd.Process.Kill())
+		got := <-lines
+		_ = cmd.Wait()
+		for _, l := range got {
+			f := strings.Fields(l)
+			switch f[0] {
+			case "ack":
+				off, err := strconv.ParseInt(f[1], 10, 64)
+				require.NoError(t, err)
+				acked[off] = f[2]
+			case "cursor":
+				c, err := strconv.ParseInt(f[1], 10, 64)
+				require.NoError(t, err)
+				cursor = max(cursor, c)
+			default:
+				t.Fatalf("kill %d: child said %q", k, l)
+			}
+		}
+		checkCrashDir(t, dir, acked, cursor)
+	}
+	t.Logf("%d kills, %d acknowledged messages", kills, len(acked))
+}
+
+func checkCrashDir(t *testing.T, dir string, acked map[int64]string, cursor int64) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := filestore.Open(dir, crashOptions()...)
+	require.NoError(t, err)
+	defer st.Close()
+	q, err := st.OpenQueue(ctx, crashMeta, 0)
+	require.NoError(t, err)
+	oldest, next := q.Offsets()
+	require.Equal(t, int64(0), oldest)
+	all := readAll(t, q, 0)
+	require.Len(t, all, int(next))
+	for i, m := range all {
+		require.Equal(t, int64(i), m.Offset, "contiguous offsets")
+		if want, ok := acked[m.Offset]; ok {
+			require.Equal(t, want, string(m.Body), "offset %d", m.Offset)
+		}
+	}
+	for off := range acked {
+		require.Less(t, off, next, "acknowledged offset %d lost", off)
+	}
+	got, err := st.Load(ctx, crashMeta.Name, "g", 1)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, got[0], cursor, "acknowledged cursor lost")
+	assert.LessOrEqual(t, got[0], next)
+}

@@ -1,0 +1,321 @@
+package filestore
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ferrymq/ferry"
+)
+
+// The cursor file holds every committed cursor:
+//
+//	u32 CRC-32C of what follows, u32 entry count, then per entry
+//	u8 topic length, topic, u8 group length, group, u32 queue, u64 offset
+//
+// (group names may hold any bytes, so no text format). It is replaced
+// whole (temporary file, fsync, rename, fsync of the directory), so it is
+// either the old or the new version; a file that fails a check is damage,
+// reported as ErrCorrupt.
+const (
+	cursorFile      = "cursors"
+	maxCursorFileSz = 256 << 20
+)
+
+type cursorKey struct {
+	topic, group string
+	queue        int
+}
+
+// cursorStore keeps the cursors in memory and one goroutine that writes
+// the file: commits that arrive while it writes share the next write.
+type cursorStore struct {
+	st *Store
+
+	mu      sync.Mutex // guards every field below
+	m       map[cursorKey]int64
+	gen     uint64        // bumped by every commit
+	written uint64        // the gen the file holds
+	flushed chan struct{} // closed (and replaced) after each write
+	err     error         // set once a write failed; every later commit fails
+	closed  bool
+
+	kick chan struct{}
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+func openCursors(st *Store) (*cursorStore, error) {
+	c := &cursorStore{
+		st: st, m: map[cursorKey]int64{},
+		flushed: make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+	}
+	if err := st.root.Remove(cursorFile + ".tmp"); err == nil {
+		if err := syncDir(st.root, "."); err != nil {
+			return nil, err
+		}
+	}
+	b, err := readBounded(st.root, cursorFile, maxCursorFileSz)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, err
+	default:
+		if err := c.decode(b); err != nil {
+			return nil, fmt.Errorf("%w (file %s)", err, cursorFile)
+		}
+	}
+	// Clamp each cursor to its queue's retained range.
+	keys := slices.SortedFunc(mapKeys(c.m), compareKeys)
+	for _, k := range keys {
+		q, ok := st.queues[ferry.QueueID{Topic: k.topic, Queue: k.queue}]
+		if !ok {
+			continue
+		}
+		oldest, next := q.Offsets()
+		off := c.m[k]
+		to := min(max(off, oldest), next)
+		if to == off {
+			continue
+		}
+		c.m[k] = to
+		c.gen++
+		st.recovery.ClampedCursors = append(st.recovery.ClampedCursors, ClampedCursor{Topic: k.topic, Group: k.group, Queue: k.queue, From: off, To: to})
+		st.cfg.log.Warn("ferry: filestore: cursor clamped to the retained range",
+			"topic", k.topic, "group", k.group, "queue", k.queue, "from", off, "to", to, "oldest", oldest, "next", next)
+	}
+	c.wg.Add(1)
+	go c.run()
+	if c.gen > 0 {
+		c.poke()
+	}
+	return c, nil
+}
+
+func mapKeys(m map[cursorKey]int64) func(func(cursorKey) bool) {
+	return func(yield func(cursorKey) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+func (c *cursorStore) decode(b []byte) error {
+	if len(b) < 8 || crc32.Checksum(b[4:], castagnoli) != binary.LittleEndian.Uint32(b) {
+		return fmt.Errorf("%w: cursor file checksum", ferry.ErrCorrupt)
+	}
+	n := binary.LittleEndian.Uint32(b[4:])
+	b = b[8:]
+	if uint64(n) > uint64(len(b))/(1+1+1+1+4+8) { // each entry takes at least 16 bytes
+		return fmt.Errorf("%w: cursor file: %d entries in %d bytes", ferry.ErrCorrupt, n, len(b))
+	}
+	str := func() (string, bool) {
+		if len(b) < 1 || len(b) < 1+int(b[0]) {
+			return "", false
+		}
+		s := string(b[1 : 1+int(b[0])])
+		b = b[1+int(b[0]):]
+		return s, true
+	}
+	for i := range n {
+		topic, ok1 := str()
+		group, ok2 := str()
+		if !ok1 || !ok2 || len(b) < 12 {
+			return fmt.Errorf("%w: cursor file: entry %d cut short", ferry.ErrCorrupt, i)
+		}
+		queue, off := int(binary.LittleEndian.Uint32(b)), int64(binary.LittleEndian.Uint64(b[4:]))
+		b = b[12:]
+		if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil || off < 0 {
+			return fmt.Errorf("%w: cursor file: entry %d (%q, %q, %d, %d)", ferry.ErrCorrupt, i, topic, group, queue, off)
+		}
+		c.m[cursorKey{topic, group, queue}] = off
+	}
+	if len(b) != 0 {
+		return fmt.Errorf("%w: cursor file: %d bytes after the last entry", ferry.ErrCorrupt, len(b))
+	}
+	return nil
+}
+
+func (c *cursorStore) encode() []byte {
+	keys := slices.SortedFunc(mapKeys(c.m), compareKeys)
+	b := make([]byte, 8, 8+len(keys)*40)
+	binary.LittleEndian.PutUint32(b[4:], uint32(len(keys)))
+	for _, k := range keys {
+		b = append(b, byte(len(k.topic)))
+		b = append(b, k.topic...)
+		b = append(b, byte(len(k.group)))
+		b = append(b, k.group...)
+		b = binary.LittleEndian.AppendUint32(b, uint32(k.queue))
+		b = binary.LittleEndian.AppendUint64(b, uint64(c.m[k]))
+	}
+	binary.LittleEndian.PutUint32(b, crc32.Checksum(b[4:], castagnoli))
+	return b
+}
+
+func compareKeys(a, b cursorKey) int {
+	return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.group, b.group), cmp.Compare(a.queue, b.queue))
+}
+
+func (c *cursorStore) poke() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run writes the file whenever commits are pending; with SyncEvery at
+// most once per interval.
+func (c *cursorStore) run() {
+	defer c.wg.Done()
+	policy := c.st.cfg.sync
+	for {
+		select {
+		case <-c.kick:
+		case <-c.stop:
+			c.flush(policy.mode != syncNever)
+			return
+		}
+		c.flush(policy.mode != syncNever)
+		if policy.mode == syncEvery {
+			t := time.NewTimer(policy.interval)
+			select {
+			case <-t.C:
+			case <-c.stop:
+				t.Stop()
+				c.flush(true)
+				return
+			}
+		}
+	}
+}
+
+// flush writes the file if commits are pending.
+func (c *cursorStore) flush(durable bool) {
+	c.mu.Lock()
+	if c.gen == c.written || c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	gen, data := c.gen, c.encode()
+	c.mu.Unlock()
+	err := writeFileRename(c.st.root, cursorFile, data, durable)
+	c.mu.Lock()
+	if err != nil {
+		c.err = fmt.Errorf("%w: write cursors: %w", ErrFailed, err)
+		c.st.cfg.log.Error("ferry: filestore: cursor store failed", "err", err)
+	}
+	c.written = gen
+	close(c.flushed)
+	c.flushed = make(chan struct{})
+	c.mu.Unlock()
+}
+
+func (c *cursorStore) load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+		return nil, fmt.Errorf("ferry: load cursor: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("ferry: load cursor: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("ferry: load cursor: %w", ferry.ErrClosed)
+	}
+	out := make([]int64, queues)
+	for i := range out {
+		off, ok := c.m[cursorKey{topic, group, i}]
+		if !ok {
+			off = -1
+		}
+		out[i] = off
+	}
+	return out, nil
+}
+
+func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+		return fmt.Errorf("ferry: commit cursor: %w", err)
+	}
+	if offset < 0 {
+		return fmt.Errorf("ferry: commit cursor: %w: offset %d", ferry.ErrOffsetOutOfRange, offset)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("ferry: commit cursor: %w", err)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("ferry: commit cursor: %w", ferry.ErrClosed)
+	}
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return fmt.Errorf("ferry: commit cursor: %w", err)
+	}
+	c.m[cursorKey{topic, group, queue}] = offset
+	c.gen++
+	mine, flushed := c.gen, c.flushed
+	c.mu.Unlock()
+	c.poke()
+	if c.st.cfg.sync.mode != syncAlways {
+		return nil
+	}
+	for {
+		select {
+		case <-flushed:
+		case <-ctx.Done():
+			return fmt.Errorf("ferry: commit cursor: %w", ctx.Err())
+		}
+		c.mu.Lock()
+		written, err := c.written, c.err
+		flushed = c.flushed
+		c.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("ferry: commit cursor: %w", err)
+		}
+		if written >= mine {
+			return nil
+		}
+	}
+}
+
+// close stops the writer after a last write of pending commits.
+func (c *cursorStore) close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	close(c.stop)
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Load implements [ferry.CursorStore]. Cursors Open clamped come back
+// clamped (see [Store.Recovery]).
+func (st *Store) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	return st.cursors.load(ctx, topic, group, queues)
+}
+
+// Commit implements [ferry.CursorStore]. With [SyncAlways] it returns once
+// the cursor file holding it is durable; concurrent commits share one
+// write. Otherwise it returns at once and the file follows the policy.
+func (st *Store) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	return st.cursors.commit(ctx, topic, group, queue, offset)
+}

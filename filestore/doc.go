@@ -1,0 +1,66 @@
+// Package filestore is a file-backed [ferry.Storage] and [ferry.CursorStore]:
+// topics, messages and cursors that survive a restart.
+//
+//	st, err := filestore.Open(dir, filestore.WithSync(filestore.SyncAlways))
+//	if err != nil { ... }
+//	defer st.Close() // after the broker
+//	b, err := ferry.NewBroker(ferry.WithStorage(st), ferry.WithCursorStore(st))
+//
+// # Layout
+//
+// One directory holds everything (folders 0700, files 0600). Per topic a
+// folder with its metadata; per queue a folder of segment files named by
+// the offset of their first message (%020d.log), each sealed segment with
+// a sparse index (%020d.index: one entry per 4 KiB, rebuilt from the
+// segment whenever it fails a check). Topic names are checked with
+// [ferry.ValidateTopicName] before they reach the file system, and every
+// file is opened through an [os.Root], so no name leads outside the
+// directory. A flock on <dir>/LOCK makes the store exclusive: a second
+// [Open], in this or another process, fails with [ErrLocked].
+//
+// # Frames
+//
+// A Write is stored as one frame (several when it exceeds the frame
+// bound): a length, a CRC-32C covering the offsets and the messages, then
+// the messages in the ferry codec. Every length is bounded by the frame
+// maximum and by the bytes left in the file before anything is allocated.
+//
+// # Durability
+//
+// [SyncAlways] (the default) acknowledges a Write after fdatasync; each
+// queue has one writer goroutine, so concurrent writers share one write
+// and one fdatasync (group commit). [SyncEvery] syncs on an interval,
+// [SyncNever] leaves it to the operating system. Directories are synced
+// after every create, rename and delete. A write or fsync error makes the
+// queue fail every later write with [ErrFailed]: it is never retried.
+//
+// # Recovery
+//
+// [Open] reads the newest segment of each queue and cuts it at the first
+// torn or bad frame (a zero-filled or garbage tail included), which under
+// SyncAlways only ever drops unacknowledged writes. Older segments are
+// sealed: their index and last frames are checked at Open ([WithVerify]
+// checks every frame), and a bad frame in one is [ferry.ErrCorrupt], naming
+// the file and byte, at Open or on Read — never skipped. Committed cursors
+// are then clamped to their queue's retained range; [Store.Recovery] and
+// the logger report every cut, rebuilt index and clamp.
+//
+// # Retention
+//
+// Retention deletes whole sealed segments, oldest first: those whose
+// messages are all older than MaxAge, and those without which the queue
+// still holds MaxMessages messages and MaxBytes bytes (Kafka's rule: a
+// queue keeps at least its bounds). A segment stops taking messages at an
+// eighth of each bound, so a queue keeps at most about an eighth more than
+// its bounds, and exactly its bounds when a bound is 15 messages or fewer.
+// With [ferry.Block] overflow the queue implements [ferry.TryWriter] and
+// [ferry.Releaser]: a write waits until released segments can be deleted
+// to make room.
+//
+// # Reads
+//
+// Each queue keeps its most recent messages decoded in memory
+// ([WithCache]); readers that keep up get the stored pointers, shared like
+// the memory queue's. Older messages are read from disk through the sparse
+// index and decoded for each Read.
+package filestore

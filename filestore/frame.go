@@ -1,0 +1,146 @@
+package filestore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+
+	"github.com/ferrymq/ferry"
+)
+
+// A frame is one batch of messages on disk, the unit of writing,
+// checksumming and recovery:
+//
+//	off  size
+//	  0     4  length L of the bytes after the first 8 (little endian)
+//	  4     4  CRC-32C (Castagnoli) of those L bytes
+//	  8     1  frame version (frameMagic)
+//	  9     8  offset of the first message
+//	 17     4  message count, at least 1
+//	 21     8  store time of the batch, Unix nanoseconds
+//	 29     8  sum of Message.Size over the batch
+//	 37     -  the messages, each in the ferry codec, back to back
+//
+// The checksum covers the offsets, so a frame copied to the wrong place, or
+// stale bytes left behind a cut, fail it. A zero-filled tail fails the
+// length bound (L = 0 is below the minimum), so zeros never decode as
+// records.
+const (
+	framePrefix = 8
+	frameHeader = 37 // prefix plus fixed fields
+	frameMagic  = 0xF1
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// errShort reports a frame that runs past the bytes available: a torn
+// write at the end of a segment, or a length field out of bounds.
+var errShort = fmt.Errorf("%w: frame runs past the end", ferry.ErrCorrupt)
+
+// frameInfo is a frame's fixed fields.
+type frameInfo struct {
+	base     int64 // offset of the first message
+	count    int   // messages in the frame
+	time     int64 // store time, Unix nanoseconds
+	sizeSum  int64 // sum of Message.Size
+	totalLen int   // bytes of the whole frame, prefix included
+}
+
+func (f frameInfo) next() int64 { return f.base + int64(f.count) }
+
+// appendFrame appends a frame holding the encoded messages enc (count of
+// them) to dst.
+func appendFrame(dst []byte, base int64, count int, storeTime, sizeSum int64, enc []byte) []byte {
+	start := len(dst)
+	l := frameHeader - framePrefix + len(enc)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(l))
+	dst = binary.LittleEndian.AppendUint32(dst, 0) // CRC, filled below
+	dst = append(dst, frameMagic)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(base))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(count))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(storeTime))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(sizeSum))
+	dst = append(dst, enc...)
+	crc := crc32.Checksum(dst[start+framePrefix:], castagnoli)
+	binary.LittleEndian.PutUint32(dst[start+4:], crc)
+	return dst
+}
+
+// frameLen reads the length field at the front of prefix (at least
+// framePrefix bytes) and returns the whole frame's length, checked against
+// maxFrame and avail (the bytes left in the file from the frame's start)
+// before anything is allocated. A failure wraps errShort when the frame
+// would run past avail, [ferry.ErrCorrupt] otherwise.
+func frameLen(prefix []byte, maxFrame int, avail int64) (int, error) {
+	l := int64(binary.LittleEndian.Uint32(prefix))
+	if l < frameHeader-framePrefix {
+		return 0, fmt.Errorf("%w: frame length %d below minimum", ferry.ErrCorrupt, l)
+	}
+	if l+framePrefix > int64(maxFrame) {
+		return 0, fmt.Errorf("%w: frame length %d above maximum %d", ferry.ErrCorrupt, l, maxFrame)
+	}
+	if l+framePrefix > avail {
+		return 0, fmt.Errorf("%w: frame of %d bytes, %d left", errShort, l+framePrefix, avail)
+	}
+	return int(l) + framePrefix, nil
+}
+
+// decodeFrame checks the frame at the front of b (its length bounded by
+// maxFrame and len(b)) and returns its fixed fields and its encoded
+// messages, which alias b. Errors wrap [ferry.ErrCorrupt]; a frame cut
+// short also wraps errShort. It never panics and allocates nothing.
+func decodeFrame(b []byte, maxFrame int) (frameInfo, []byte, error) {
+	if len(b) < framePrefix {
+		return frameInfo{}, nil, fmt.Errorf("%w: %d bytes, no frame prefix", errShort, len(b))
+	}
+	n, err := frameLen(b, maxFrame, int64(len(b)))
+	if err != nil {
+		return frameInfo{}, nil, err
+	}
+	body := b[framePrefix:n]
+	if crc := crc32.Checksum(body, castagnoli); crc != binary.LittleEndian.Uint32(b[4:]) {
+		return frameInfo{}, nil, fmt.Errorf("%w: frame checksum %08x, want %08x", ferry.ErrCorrupt, crc, binary.LittleEndian.Uint32(b[4:]))
+	}
+	if body[0] != frameMagic {
+		return frameInfo{}, nil, fmt.Errorf("%w: frame version %#x", ferry.ErrCorrupt, body[0])
+	}
+	fi := frameInfo{
+		base:     int64(binary.LittleEndian.Uint64(body[1:])),
+		count:    int(binary.LittleEndian.Uint32(body[9:])),
+		time:     int64(binary.LittleEndian.Uint64(body[13:])),
+		sizeSum:  int64(binary.LittleEndian.Uint64(body[21:])),
+		totalLen: n,
+	}
+	msgs := b[frameHeader:n]
+	if fi.base < 0 || fi.count < 1 || fi.count > len(msgs) || fi.sizeSum < 0 || fi.base > (1<<62) {
+		return frameInfo{}, nil, fmt.Errorf("%w: frame fields out of range (offset %d, count %d)", ferry.ErrCorrupt, fi.base, fi.count)
+	}
+	return fi, msgs, nil
+}
+
+// decodeMessages decodes the messages of a frame, appending to dst those
+// at offset from and later. Each must carry the offset its place implies.
+func decodeMessages(dst []*ferry.EnhancedMessage, fi frameInfo, enc []byte, from int64) ([]*ferry.EnhancedMessage, error) {
+	off := 0
+	for i := range fi.count {
+		m, n, err := ferry.Decode(enc[off:])
+		if err != nil {
+			return dst, fmt.Errorf("message %d of frame at offset %d: %w", i, fi.base, err)
+		}
+		off += n
+		if want := fi.base + int64(i); m.Offset != want {
+			return dst, fmt.Errorf("%w: message at offset %d in place of %d", ferry.ErrCorrupt, m.Offset, want)
+		}
+		if m.Offset >= from {
+			dst = append(dst, m)
+		}
+	}
+	if off != len(enc) {
+		return dst, fmt.Errorf("%w: %d bytes after the last message of frame at offset %d", ferry.ErrCorrupt, len(enc)-off, fi.base)
+	}
+	return dst, nil
+}
+
+// isShort reports whether err marks a frame cut short.
+func isShort(err error) bool { return errors.Is(err, errShort) }

@@ -1,0 +1,160 @@
+package filestore
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry"
+)
+
+// fuzzMaxFrame bounds frames in the fuzz target.
+const fuzzMaxFrame = 64 << 10
+
+func sampleFrame(base int64, n int) []byte {
+	var enc []byte
+	var sum int64
+	now := time.Unix(1700000000, 123)
+	for i := range n {
+		m := &ferry.EnhancedMessage{Message: ferry.Message{Topic: "t", Key: "k", Headers: map[string]string{"h": "v"}, Body: []byte(fmt.Sprint("body ", i))},
+			Offset: base + int64(i), StoreTime: now}
+		enc = ferry.AppendEncode(enc, m)
+		sum += int64(m.Size())
+	}
+	return appendFrame(nil, base, n, now.UnixNano(), sum, enc)
+}
+
+func TestFrameRoundTrip(t *testing.T) {
+	b := sampleFrame(42, 3)
+	fi, enc, err := decodeFrame(b, fuzzMaxFrame)
+	require.NoError(t, err)
+	assert.Equal(t, int64(42), fi.base)
+	assert.Equal(t, 3, fi.count)
+	assert.Equal(t, len(b), fi.totalLen)
+	msgs, err := decodeMessages(nil, fi, enc, 43)
+	require.NoError(t, err)
+	require.Len(t, msgs, 2)
+	assert.Equal(t, "body 1", string(msgs[0].Body))
+
+	// Every flipped bit, every cut, is detected.
+	for i := range b {
+		for bit := range 8 {
+			c := bytes.Clone(b)
+			c[i] ^= 1 << bit
+			_, _, err := decodeFrame(c, fuzzMaxFrame)
+			require.ErrorIs(t, err, ferry.ErrCorrupt, "byte %d bit %d", i, bit)
+		}
+	}
+	for n := range len(b) {
+		_, _, err := decodeFrame(b[:n], fuzzMaxFrame)
+		require.ErrorIs(t, err, ferry.ErrCorrupt, "cut at %d", n)
+		require.True(t, isShort(err) || n >= framePrefix, "cut at %d", n)
+	}
+	// The offset is covered by the checksum: the same frame moved is bad.
+	b2 := bytes.Clone(b)
+	b2[9]++ // base offset
+	_, _, err = decodeFrame(b2, fuzzMaxFrame)
+	require.ErrorIs(t, err, ferry.ErrCorrupt)
+	// Zeros are no frame.
+	_, _, err = decodeFrame(make([]byte, 4096), fuzzMaxFrame)
+	require.ErrorIs(t, err, ferry.ErrCorrupt)
+	// A huge length is refused before anything is read or allocated.
+	huge := bytes.Clone(b)
+	huge[3] = 0x7f
+	assert.Less(t, bytesAllocated(func() { _, _, _ = decodeFrame(huge, fuzzMaxFrame) }), uint64(1024))
+}
+
+// bytesAllocated returns the bytes f allocates, averaged over 100 runs.
+func bytesAllocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 100 {
+		f()
+	}
+	runtime.ReadMemStats(&after)
+	return (after.TotalAlloc - before.TotalAlloc) / 100
+}
+
+func FuzzDecodeFrame(f *testing.F) {
+	f.Add(sampleFrame(0, 1))
+	f.Add(sampleFrame(7, 4))
+	f.Add([]byte{})
+	f.Add(make([]byte, 64))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fi, enc, err := decodeFrame(b, fuzzMaxFrame)
+		if err != nil {
+			if !bytesIsCorrupt(err) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		if fi.totalLen > len(b) || fi.totalLen > fuzzMaxFrame || fi.count < 1 || fi.count > len(enc) {
+			t.Fatalf("accepted frame out of bounds: %+v of %d bytes", fi, len(b))
+		}
+		// A valid frame re-encodes to the same bytes.
+		if got := appendFrame(nil, fi.base, fi.count, fi.time, fi.sizeSum, enc); !bytes.Equal(got, b[:fi.totalLen]) {
+			t.Fatalf("re-encoded frame differs")
+		}
+		msgs, err := decodeMessages(nil, fi, enc, fi.base)
+		if err != nil {
+			if !bytesIsCorrupt(err) {
+				t.Fatalf("message error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		if len(msgs) != fi.count {
+			t.Fatalf("%d messages of %d", len(msgs), fi.count)
+		}
+	})
+}
+
+func bytesIsCorrupt(err error) bool { return errors.Is(err, ferry.ErrCorrupt) }
+
+// TestFuzzSeedCorpus checks that testdata/fuzz/FuzzDecodeFrame holds the
+// seeds below; FILESTORE_WRITE_SEEDS=1 rewrites them first.
+func TestFuzzSeedCorpus(t *testing.T) {
+	dir := filepath.Join("testdata", "fuzz", "FuzzDecodeFrame")
+	valid := sampleFrame(5, 3)
+	flipped := bytes.Clone(valid)
+	flipped[len(flipped)/2] ^= 0x10
+	hugeLen := bytes.Clone(valid)
+	hugeLen[3] = 0xff
+	badCount := bytes.Clone(valid)
+	badCount[framePrefix+9] = 0xff
+	seeds := map[string]struct {
+		b  []byte
+		ok bool
+	}{
+		"valid":      {valid, true},
+		"valid-one":  {sampleFrame(0, 1), true},
+		"two-frames": {append(sampleFrame(0, 1), sampleFrame(1, 2)...), true},
+		"torn":       {valid[:len(valid)-3], false},
+		"flipped":    {flipped, false},
+		"huge-len":   {hugeLen, false},
+		"bad-count":  {badCount, false},
+		"zeros":      {make([]byte, 128), false},
+		"garbage":    {[]byte("\x29\x00\x00\x00garbage garbage garbage garbage garbage"), false},
+	}
+	for name, s := range seeds {
+		data := "go test fuzz v1\n[]byte(" + strconv.Quote(string(s.b)) + ")\n"
+		path := filepath.Join(dir, name)
+		if os.Getenv("FILESTORE_WRITE_SEEDS") != "" {
+			require.NoError(t, os.MkdirAll(dir, 0o755))
+			require.NoError(t, os.WriteFile(path, []byte(data), 0o644))
+		}
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		assert.Equal(t, data, string(got), name)
+		_, _, err = decodeFrame(s.b, fuzzMaxFrame)
+		assert.Equal(t, s.ok, err == nil, "%s: %v", name, err)
+	}
+}

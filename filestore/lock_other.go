@@ -1,0 +1,12 @@
+//go:build !unix
+
+package filestore
+
+import (
+	"errors"
+	"os"
+)
+
+func lockFile(f *os.File) error {
+	return errors.New("ferry: filestore: directory locking is not supported on this platform")
+}

@@ -1,0 +1,147 @@
+package filestore
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ferrymq/ferry"
+)
+
+// SyncPolicy says when written bytes are forced to the disk with
+// fdatasync. Build one with [SyncAlways], [SyncEvery] or [SyncNever].
+type SyncPolicy struct {
+	mode     syncMode
+	interval time.Duration
+}
+
+type syncMode int
+
+const (
+	syncAlways syncMode = iota
+	syncEvery
+	syncNever
+)
+
+var (
+	// SyncAlways makes a Write return only after its bytes are on disk
+	// (fdatasync). Concurrent writers to a queue share one write and one
+	// fdatasync (group commit). Commits to the cursor store likewise return
+	// once the cursor file is renamed into place and synced.
+	SyncAlways = SyncPolicy{mode: syncAlways}
+	// SyncNever leaves flushing to the operating system: a process crash
+	// loses nothing acknowledged, a power loss may lose recent writes.
+	// Directories are still synced after create, rename and delete.
+	SyncNever = SyncPolicy{mode: syncNever}
+)
+
+// SyncEvery acknowledges writes once they are in the page cache and
+// fdatasyncs each queue that has unsynced bytes every d; a power loss may
+// lose up to d of acknowledged writes. Cursor commits are written at most
+// every d. d must be positive.
+func SyncEvery(d time.Duration) SyncPolicy { return SyncPolicy{mode: syncEvery, interval: d} }
+
+// String names the policy.
+func (p SyncPolicy) String() string {
+	switch p.mode {
+	case syncAlways:
+		return "SyncAlways"
+	case syncNever:
+		return "SyncNever"
+	default:
+		return "SyncEvery(" + p.interval.String() + ")"
+	}
+}
+
+// Option configures [Open].
+type Option func(*config)
+
+type config struct {
+	sync          SyncPolicy
+	segmentBytes  int64
+	maxFrameBytes int
+	indexInterval int
+	cacheMessages int
+	cacheBytes    int64
+	verify        bool
+	log           *slog.Logger
+}
+
+// Defaults and limits of the options.
+const (
+	DefaultSegmentBytes  = 64 << 20 // 64 MiB
+	DefaultMaxFrameBytes = 16 << 20 // 16 MiB
+	DefaultCacheMessages = 4096
+	DefaultCacheBytes    = 8 << 20 // 8 MiB
+
+	maxSegmentBytes  = 1 << 30   // offsets in the index are 32-bit
+	maxMaxFrameBytes = 256 << 20 // 256 MiB
+	minMaxFrameBytes = 4 << 10
+)
+
+// WithSync sets the sync policy. Default: [SyncAlways].
+func WithSync(p SyncPolicy) Option { return func(c *config) { c.sync = p } }
+
+// WithSegmentBytes sets the size at which a queue starts a new segment
+// file. Retention deletes whole segments, and segments also roll at an
+// eighth of a topic's retention bounds so that retention stays close to
+// them. Default: [DefaultSegmentBytes]; at most 1 GiB, at least 4 KiB.
+func WithSegmentBytes(n int64) Option { return func(c *config) { c.segmentBytes = n } }
+
+// WithMaxFrameBytes bounds a frame (one batch of messages on disk); a
+// message that does not fit in one frame is [ferry.ErrMessageTooLarge], and
+// recovery treats a length field above it as corrupt. Default:
+// [DefaultMaxFrameBytes]; between 4 KiB and 256 MiB. Open a directory with
+// at least the value it was written with.
+func WithMaxFrameBytes(n int) Option { return func(c *config) { c.maxFrameBytes = n } }
+
+// WithCache sets how many of the most recent messages (and at most how many
+// bytes of [ferry.Message.Size]) each queue keeps decoded in memory, so a
+// consumer that keeps up never reads the disk. Default:
+// [DefaultCacheMessages] and [DefaultCacheBytes]; zero disables the cache.
+func WithCache(messages int, bytes int64) Option {
+	return func(c *config) { c.cacheMessages, c.cacheBytes = messages, bytes }
+}
+
+// WithVerify makes Open check the checksum of every frame of every sealed
+// segment, not only the newest segment of each queue, so damage anywhere
+// is found at Open ([ferry.ErrCorrupt]) rather than when it is read.
+// Default: off (Open reads the newest segment and the tail of each older
+// one).
+func WithVerify() Option { return func(c *config) { c.verify = true } }
+
+// WithLogger sets where recovery events (a cut torn tail, a rebuilt index,
+// a clamped cursor) are logged, besides [Store.Recovery]. Default: discard.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
+
+func newConfig(opts []Option) (config, error) {
+	c := config{
+		sync:          SyncAlways,
+		segmentBytes:  DefaultSegmentBytes,
+		maxFrameBytes: DefaultMaxFrameBytes,
+		indexInterval: 4096,
+		cacheMessages: DefaultCacheMessages,
+		cacheBytes:    DefaultCacheBytes,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.sync.mode == syncEvery && c.sync.interval <= 0:
+		return c, fmt.Errorf("%w: sync interval %v", ferry.ErrInvalidOption, c.sync.interval)
+	case c.sync.mode < syncAlways || c.sync.mode > syncNever:
+		return c, fmt.Errorf("%w: sync policy %d", ferry.ErrInvalidOption, c.sync.mode)
+	case c.segmentBytes < 4<<10 || c.segmentBytes > maxSegmentBytes:
+		return c, fmt.Errorf("%w: segment bytes %d not in [4 KiB, 1 GiB]", ferry.ErrInvalidOption, c.segmentBytes)
+	case c.maxFrameBytes < minMaxFrameBytes || c.maxFrameBytes > maxMaxFrameBytes:
+		return c, fmt.Errorf("%w: max frame bytes %d not in [4 KiB, 256 MiB]", ferry.ErrInvalidOption, c.maxFrameBytes)
+	case c.cacheMessages < 0 || c.cacheBytes < 0:
+		return c, fmt.Errorf("%w: negative cache size", ferry.ErrInvalidOption)
+	}
+	return c, nil
+}

@@ -1,0 +1,269 @@
+package filestore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path"
+	"sort"
+
+	"github.com/ferrymq/ferry"
+)
+
+// A segment is one file of a queue's log, named by the offset of its first
+// message (%020d.log), with a sparse index beside it (%020d.index) once it
+// is sealed. The last segment of a queue is the active one, written to;
+// the others are sealed and only read or deleted.
+type segment struct {
+	name      string // path of the .log file within the store's root
+	f         *os.File
+	base      int64 // offset of the first message
+	next      int64 // one past the last message
+	size      int64 // bytes of whole frames
+	sizeSum   int64 // sum of Message.Size of the messages
+	firstTime int64 // store time of the first frame, Unix ns; 0 when empty
+	lastTime  int64 // store time of the last frame
+	index     []indexEntry
+}
+
+// indexEntry maps the first offset of a frame to the frame's position.
+// A segment has one entry per indexInterval bytes, the first at 0.
+type indexEntry struct {
+	off int64
+	pos int64
+}
+
+func (s *segment) count() int64 { return s.next - s.base }
+
+// add accounts for a frame written at s.size.
+func (s *segment) add(fi frameInfo, interval int) {
+	if len(s.index) == 0 || s.size-s.index[len(s.index)-1].pos >= int64(interval) {
+		s.index = append(s.index, indexEntry{off: fi.base, pos: s.size})
+	}
+	if s.firstTime == 0 {
+		s.firstTime = fi.time
+	}
+	s.lastTime = fi.time
+	s.next = fi.next()
+	s.size += int64(fi.totalLen)
+	s.sizeSum += fi.sizeSum
+}
+
+// lookup returns the position of the last indexed frame at or below off.
+func (s *segment) lookup(off int64) indexEntry {
+	i := sort.Search(len(s.index), func(i int) bool { return s.index[i].off > off })
+	if i == 0 {
+		return indexEntry{off: s.base}
+	}
+	return s.index[i-1]
+}
+
+func segmentName(dir string, base int64) string {
+	return path.Join(dir, fmt.Sprintf("%020d.log", base))
+}
+
+func indexName(dir string, base int64) string {
+	return path.Join(dir, fmt.Sprintf("%020d.index", base))
+}
+
+// frameScanner reads the frames of a file in order through a buffer, so a
+// scan costs a read per megabyte, not one per frame.
+type frameScanner struct {
+	r        io.ReaderAt
+	limit    int64 // bytes of the file to scan
+	maxFrame int
+	bufSize  int // minimum buffer; default 1 MiB
+	buf      []byte
+	bufPos   int64 // file position of buf[0]
+	rd, wr   int   // buf[rd:wr] holds unread bytes
+}
+
+func newFrameScanner(r io.ReaderAt, from, limit int64, maxFrame int) *frameScanner {
+	return &frameScanner{r: r, limit: limit, maxFrame: maxFrame, bufPos: from}
+}
+
+// pos returns the position of the next frame.
+func (s *frameScanner) pos() int64 { return s.bufPos + int64(s.rd) }
+
+// next returns the next frame, io.EOF at exactly limit, or an error
+// wrapping ferry.ErrCorrupt (and errShort for a frame cut short).
+func (s *frameScanner) next() (frameInfo, []byte, error) {
+	avail := s.limit - s.pos()
+	if avail == 0 {
+		return frameInfo{}, nil, io.EOF
+	}
+	if avail < framePrefix {
+		return frameInfo{}, nil, fmt.Errorf("%w: %d bytes left", errShort, avail)
+	}
+	if err := s.fill(framePrefix); err != nil {
+		return frameInfo{}, nil, err
+	}
+	n, err := frameLen(s.buf[s.rd:s.wr], s.maxFrame, avail)
+	if err != nil {
+		return frameInfo{}, nil, err
+	}
+	if err := s.fill(n); err != nil {
+		return frameInfo{}, nil, err
+	}
+	fi, enc, err := decodeFrame(s.buf[s.rd:s.rd+n], s.maxFrame)
+	if err != nil {
+		return frameInfo{}, nil, err
+	}
+	s.rd += n
+	return fi, enc, nil
+}
+
+// fill makes buf[rd:] hold at least n bytes; n is already bounded by the
+// frame maximum and the bytes left.
+func (s *frameScanner) fill(n int) error {
+	if s.wr-s.rd >= n {
+		return nil
+	}
+	if s.rd > 0 {
+		s.wr = copy(s.buf, s.buf[s.rd:s.wr])
+		s.bufPos += int64(s.rd)
+		s.rd = 0
+	}
+	if len(s.buf) < n {
+		if s.bufSize == 0 {
+			s.bufSize = 1 << 20
+		}
+		nb := make([]byte, max(n, s.bufSize))
+		copy(nb, s.buf[:s.wr])
+		s.buf = nb
+	}
+	want := int(min(int64(len(s.buf)), s.limit-s.bufPos))
+	got, err := s.r.ReadAt(s.buf[s.wr:want], s.bufPos+int64(s.wr))
+	s.wr += got
+	if s.wr < n {
+		if err == nil || errors.Is(err, io.EOF) {
+			return fmt.Errorf("%w: file shorter than expected", errShort)
+		}
+		return err
+	}
+	return nil
+}
+
+// scanSegment reads the frames of s's file (s empty, with only base, name
+// and f set), checking checksums and that offsets run on from s.base
+// without a gap, and accounts for them in s. It stops at limit bytes, or at
+// the first bad frame, whose error it returns with the frame's position; s
+// then describes the good prefix.
+func scanSegment(s *segment, limit int64, maxFrame, interval int) (int64, error) {
+	sc := newFrameScanner(s.f, 0, limit, maxFrame)
+	want := s.base
+	for {
+		pos := sc.pos()
+		fi, _, err := sc.next()
+		if err == io.EOF {
+			return pos, nil
+		}
+		if err == nil && fi.base != want {
+			err = fmt.Errorf("%w: frame holds offset %d, want %d", errBadFrame, fi.base, want)
+		}
+		if err != nil {
+			return pos, err
+		}
+		s.add(fi, interval)
+		want = fi.next()
+	}
+}
+
+var errBadFrame = fmt.Errorf("%w: misplaced frame", ferry.ErrCorrupt)
+
+// checkTail reads the frames of a sealed segment from its last index entry
+// to its end, checking that they run on without a gap and end at s.next.
+func checkTail(s *segment, maxFrame int) (int64, error) {
+	e := indexEntry{off: s.base}
+	if len(s.index) > 0 {
+		e = s.index[len(s.index)-1]
+	}
+	sc := newFrameScanner(s.f, e.pos, s.size, maxFrame)
+	want := e.off
+	for {
+		pos := sc.pos()
+		fi, _, err := sc.next()
+		if err == io.EOF {
+			if want != s.next {
+				return pos, fmt.Errorf("%w: segment ends at offset %d, want %d", ferry.ErrCorrupt, want, s.next)
+			}
+			return pos, nil
+		}
+		if err == nil && fi.base != want {
+			err = fmt.Errorf("%w: frame holds offset %d, want %d", errBadFrame, fi.base, want)
+		}
+		if err != nil {
+			return pos, err
+		}
+		want = fi.next()
+	}
+}
+
+// The index file of a sealed segment:
+//
+//	"FIDX" u32 version, then u64 base, next, size, sizeSum, firstTime,
+//	lastTime, u32 entry count, entries (u32 offset - base, u32 position),
+//	and a CRC-32C of everything before it.
+//
+// It is written once, when the segment is sealed, and rebuilt from the
+// segment whenever it fails any check.
+const (
+	indexMagic  = "FIDX"
+	indexHeader = 4 + 4 + 6*8 + 4
+)
+
+func encodeIndex(s *segment) []byte {
+	b := make([]byte, 0, indexHeader+8*len(s.index)+4)
+	b = append(b, indexMagic...)
+	b = binary.LittleEndian.AppendUint32(b, 1)
+	for _, v := range []int64{s.base, s.next, s.size, s.sizeSum, s.firstTime, s.lastTime} {
+		b = binary.LittleEndian.AppendUint64(b, uint64(v))
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(s.index)))
+	for _, e := range s.index {
+		b = binary.LittleEndian.AppendUint32(b, uint32(e.off-s.base))
+		b = binary.LittleEndian.AppendUint32(b, uint32(e.pos))
+	}
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// decodeIndex fills s (whose base and file size are known) from an index
+// file's bytes, checking every field.
+func decodeIndex(s *segment, b []byte, fileSize int64) error {
+	if len(b) < indexHeader+4 || string(b[:4]) != indexMagic || binary.LittleEndian.Uint32(b[4:]) != 1 {
+		return errors.New("bad index header")
+	}
+	if crc32.Checksum(b[:len(b)-4], castagnoli) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
+		return errors.New("bad index checksum")
+	}
+	var v [6]int64
+	for i := range v {
+		v[i] = int64(binary.LittleEndian.Uint64(b[8+8*i:]))
+	}
+	base, next, size, sizeSum, first, last := v[0], v[1], v[2], v[3], v[4], v[5]
+	n := int(binary.LittleEndian.Uint32(b[56:]))
+	if n != (len(b)-indexHeader-4)/8 || (len(b)-indexHeader-4)%8 != 0 {
+		return errors.New("bad index entry count")
+	}
+	if base != s.base || size != fileSize || next < base || sizeSum < 0 || (next > base) != (n > 0) || (n == 0) != (size == 0) {
+		return fmt.Errorf("index describes offsets [%d, %d) in %d bytes, file has %d", base, next, size, fileSize)
+	}
+	idx := make([]indexEntry, n)
+	for i := range idx {
+		e := indexEntry{
+			off: base + int64(binary.LittleEndian.Uint32(b[indexHeader+8*i:])),
+			pos: int64(binary.LittleEndian.Uint32(b[indexHeader+8*i+4:])),
+		}
+		if i == 0 && (e.off != base || e.pos != 0) ||
+			i > 0 && (e.off <= idx[i-1].off || e.pos <= idx[i-1].pos) ||
+			e.off >= next || e.pos >= size {
+			return fmt.Errorf("bad index entry %d", i)
+		}
+		idx[i] = e
+	}
+	s.next, s.size, s.sizeSum, s.firstTime, s.lastTime, s.index = next, size, sizeSum, first, last, idx
+	return nil
+}

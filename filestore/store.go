@@ -1,0 +1,605 @@
+package filestore
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferrymq/ferry"
+)
+
+// Store is a [ferry.Storage] and a [ferry.CursorStore] over one directory:
+//
+//	<dir>/LOCK                            flock held while open
+//	<dir>/cursors                         every cursor, replaced atomically
+//	<dir>/topics/<topic>/meta             the topic's metadata
+//	<dir>/topics/<topic>/<queue>/%020d.log    segments, named by base offset
+//	<dir>/topics/<topic>/<queue>/%020d.index  sparse index of a sealed segment
+//
+// Open recovers every queue and starts one writer goroutine per open
+// queue; Close stops them and releases the directory.
+//
+// A Store is safe for concurrent use.
+type Store struct {
+	cfg  config
+	dir  string
+	root *os.Root
+	lock *os.File
+
+	mu       sync.Mutex // guards topics, queues, closed and closeErr
+	topics   map[string]ferry.TopicMeta
+	queues   map[ferry.QueueID]*queue
+	closed   bool
+	closeErr error
+
+	closeMu sync.Mutex // serializes Close
+
+	recovery Recovery // written by Open only
+	cursors  *cursorStore
+}
+
+var (
+	_ ferry.Storage     = (*Store)(nil)
+	_ ferry.CursorStore = (*Store)(nil)
+)
+
+// Recovery is what [Open] found and repaired.
+type Recovery struct {
+	// Truncated lists the newest segments cut at a torn or bad frame.
+	Truncated []Truncation
+	// RebuiltIndexes lists the index files rebuilt from their segments.
+	RebuiltIndexes []string
+	// ClampedCursors lists the cursors moved into their queue's retained
+	// range.
+	ClampedCursors []ClampedCursor
+}
+
+// Truncation is a torn tail cut from a queue's newest segment.
+type Truncation struct {
+	Queue ferry.QueueID
+	File  string // path relative to the store's directory
+	At    int64  // bytes kept
+	Cut   int64  // bytes dropped
+	Err   error  // what was wrong with the frame at At
+}
+
+// ClampedCursor is a committed cursor that Open moved into its queue's
+// retained range [oldest, next]: below it after retention, or above it
+// after recovery cut a torn tail the cursor had seen.
+type ClampedCursor struct {
+	Topic, Group string
+	Queue        int
+	From, To     int64
+}
+
+// Open opens (creating it if needed) the store in dir. It takes an
+// exclusive lock on the directory: a second Open of it, from this process
+// or another, fails with [ErrLocked]. It recovers every queue: the newest
+// segment of each is read and cut at the first torn or bad frame; a bad
+// frame in an older segment is [ferry.ErrCorrupt], naming the file and
+// position. Then each committed cursor is clamped to its queue's retained
+// range; [Store.Recovery] reports what was repaired.
+func Open(dir string, opts ...Option) (*Store, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: filestore: open %s: %w", dir, err)
+	}
+	st, err := open(dir, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: filestore: open %s: %w", dir, err)
+	}
+	return st, nil
+}
+
+func open(dir string, cfg config) (_ *Store, err error) {
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		if err := syncPath(filepath.Dir(filepath.Clean(dir))); err != nil {
+			return nil, err
+		}
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	lock, err := root.OpenFile("LOCK", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		_ = root.Close()
+		return nil, err
+	}
+	if err := lockFile(lock); err != nil {
+		_ = lock.Close()
+		_ = root.Close()
+		return nil, err
+	}
+	if err := syncDir(root, "."); err != nil { // LOCK may be new
+		_ = lock.Close()
+		_ = root.Close()
+		return nil, err
+	}
+	st := &Store{
+		cfg: cfg, dir: dir, root: root, lock: lock,
+		topics: map[string]ferry.TopicMeta{},
+		queues: map[ferry.QueueID]*queue{},
+	}
+	defer func() {
+		if err != nil {
+			_ = st.Close()
+		}
+	}()
+	if err := mkdirSync(root, "topics"); err != nil {
+		return nil, err
+	}
+	if err := st.load(); err != nil {
+		return nil, err
+	}
+	if st.cursors, err = openCursors(st); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// mkdirSync creates directory name (0700) if it is missing and syncs its
+// parent.
+func mkdirSync(root *os.Root, name string) error {
+	err := root.Mkdir(name, 0o700)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return syncDir(root, path.Dir(name))
+}
+
+// syncDir fsyncs directory name of root, making the creates, renames and
+// deletes in it durable.
+func syncDir(root *os.Root, name string) error {
+	d, err := root.Open(name)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	return errors.Join(err, d.Close())
+}
+
+func syncPath(name string) error {
+	d, err := os.Open(name)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	return errors.Join(err, d.Close())
+}
+
+// writeFileRename replaces name with data atomically: a temporary file,
+// fsync (when durable), rename, fsync of the directory.
+func writeFileRename(root *os.Root, name string, data []byte, durable bool) error {
+	tmp := name + ".tmp"
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil && durable {
+		err = syncFile(f)
+	}
+	if err = errors.Join(err, f.Close()); err != nil {
+		_ = root.Remove(tmp)
+		return err
+	}
+	if err := root.Rename(tmp, name); err != nil {
+		return err
+	}
+	return syncDir(root, path.Dir(name))
+}
+
+// readBounded reads file name of root, refusing one larger than limit
+// before allocating.
+func readBounded(root *os.Root, name string, limit int64) ([]byte, error) {
+	f, err := root.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() > limit {
+		return nil, fmt.Errorf("%w: %s is %d bytes, at most %d expected", ferry.ErrCorrupt, name, fi.Size(), limit)
+	}
+	b := make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// load reads every topic's metadata and recovers every queue.
+func (st *Store) load() error {
+	entries, err := fs.ReadDir(st.root.FS(), "topics")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !e.IsDir() || ferry.ValidateTopicName(name) != nil {
+			continue
+		}
+		tdir := path.Join("topics", name)
+		meta, ok, err := st.readMeta(tdir, name)
+		if err != nil {
+			return err
+		}
+		ret := ferry.TopicMeta{}.Normalized().Retention
+		if ok {
+			st.topics[name] = meta
+			ret = meta.Retention
+		}
+		qs, err := fs.ReadDir(st.root.FS(), tdir)
+		if err != nil {
+			return err
+		}
+		for _, qe := range qs {
+			i, err := strconv.Atoi(qe.Name())
+			if !qe.IsDir() || err != nil || i < 0 || i >= ferry.MaxQueues || strconv.Itoa(i) != qe.Name() {
+				if strings.HasSuffix(qe.Name(), ".tmp") {
+					_ = st.root.Remove(path.Join(tdir, qe.Name()))
+				}
+				continue
+			}
+			id := ferry.QueueID{Topic: name, Queue: i}
+			q, err := st.recoverQueue(id, ret)
+			if err != nil {
+				return err
+			}
+			st.queues[id] = q
+		}
+	}
+	return nil
+}
+
+// metaFile is the stored form of a topic's metadata, JSON behind a CRC-32C.
+type metaFile struct {
+	Name        string `json:"name"`
+	Queues      int    `json:"queues"`
+	MaxMessages int64  `json:"max_messages"`
+	MaxBytes    int64  `json:"max_bytes"`
+	MaxAge      int64  `json:"max_age_ns"`
+	Overflow    int    `json:"overflow"`
+}
+
+func encodeMeta(m ferry.TopicMeta) []byte {
+	j, _ := json.Marshal(metaFile{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow)})
+	b := binary.LittleEndian.AppendUint32(nil, crc32.Checksum(j, castagnoli))
+	return append(b, j...)
+}
+
+func (st *Store) readMeta(tdir, name string) (ferry.TopicMeta, bool, error) {
+	mpath := path.Join(tdir, "meta")
+	b, err := readBounded(st.root, mpath, 64<<10)
+	if errors.Is(err, fs.ErrNotExist) {
+		return ferry.TopicMeta{}, false, nil
+	}
+	if err != nil {
+		return ferry.TopicMeta{}, false, err
+	}
+	var mf metaFile
+	if len(b) < 4 || crc32.Checksum(b[4:], castagnoli) != binary.LittleEndian.Uint32(b) {
+		return ferry.TopicMeta{}, false, fmt.Errorf("%w: %s: bad checksum", ferry.ErrCorrupt, mpath)
+	}
+	if err := json.Unmarshal(b[4:], &mf); err != nil {
+		return ferry.TopicMeta{}, false, fmt.Errorf("%w: %s: %v", ferry.ErrCorrupt, mpath, err)
+	}
+	meta := ferry.TopicMeta{Name: mf.Name, Queues: mf.Queues, Retention: ferry.Retention{
+		MaxMessages: mf.MaxMessages, MaxBytes: mf.MaxBytes, MaxAge: time.Duration(mf.MaxAge), Overflow: ferry.Overflow(mf.Overflow),
+	}}
+	if err := meta.Validate(); err != nil || meta.Name != name {
+		return ferry.TopicMeta{}, false, fmt.Errorf("%w: %s: metadata %+v in folder %q", ferry.ErrCorrupt, mpath, meta, name)
+	}
+	return meta.Normalized(), true, nil
+}
+
+// recoverQueue opens the segments of a queue's folder, creating the folder
+// and a first segment when missing, and starts the queue.
+func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, error) {
+	qdir := path.Join("topics", id.Topic, strconv.Itoa(id.Queue))
+	if err := mkdirSync(st.root, qdir); err != nil {
+		return nil, err
+	}
+	entries, err := fs.ReadDir(st.root.FS(), qdir)
+	if err != nil {
+		return nil, err
+	}
+	var bases []int64
+	indexes := map[int64]bool{}
+	removed := false
+	for _, e := range entries {
+		n := e.Name()
+		switch {
+		case strings.HasSuffix(n, ".tmp"):
+			_ = st.root.Remove(path.Join(qdir, n))
+			removed = true
+		case len(n) == 24 && strings.HasSuffix(n, ".log"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				bases = append(bases, b)
+			}
+		case len(n) == 26 && strings.HasSuffix(n, ".index"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				indexes[b] = true
+			}
+		}
+	}
+	slices.Sort(bases)
+	var segs []*segment
+	closeAll := func() {
+		for _, s := range segs {
+			_ = s.f.Close()
+		}
+	}
+	if len(bases) == 0 {
+		name := segmentName(qdir, 0)
+		f, err := st.root.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := syncDir(st.root, qdir); err != nil {
+			_ = f.Close()
+			return nil, err
+		}
+		segs = append(segs, &segment{name: name, f: f})
+	}
+	for i, base := range bases {
+		name := segmentName(qdir, base)
+		f, err := st.root.OpenFile(name, os.O_RDWR, 0)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		s := &segment{name: name, f: f, base: base, next: base}
+		segs = append(segs, s)
+		if i > 0 && segs[i-1].next != base {
+			closeAll()
+			return nil, fmt.Errorf("%w: %s starts at offset %d, the segment before it ends at %d", ferry.ErrCorrupt, name, base, segs[i-1].next)
+		}
+		fi, err := f.Stat()
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		if i < len(bases)-1 {
+			err = st.recoverSealed(s, fi.Size(), indexes[base], qdir)
+		} else {
+			err = st.recoverNewest(id, s, fi.Size(), indexes[base], qdir)
+		}
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	for b := range indexes { // orphans of deleted segments
+		if !slices.Contains(bases, b) {
+			_ = st.root.Remove(indexName(qdir, b))
+			removed = true
+		}
+	}
+	if removed {
+		if err := syncDir(st.root, qdir); err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	return newQueue(st, id, qdir, segs, ret), nil
+}
+
+// recoverSealed loads the index of a sealed segment and checks its tail;
+// if either fails, or WithVerify is on, it reads the whole segment, where
+// a bad frame is ErrCorrupt, and rewrites the index.
+func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir string) error {
+	if hasIndex && !st.cfg.verify {
+		iname := indexName(qdir, s.base)
+		b, err := readBounded(st.root, iname, indexHeader+4+8*(size/frameHeader+1))
+		if err == nil {
+			err = decodeIndex(s, b, size)
+		}
+		if err == nil {
+			if _, err = checkTail(s, st.cfg.maxFrameBytes); err == nil {
+				return nil
+			}
+		}
+		st.cfg.log.Warn("ferry: filestore: rebuilding index", "file", iname, "err", err)
+	}
+	*s = segment{name: s.name, f: s.f, base: s.base, next: s.base}
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval)
+	if err != nil {
+		return fmt.Errorf("%w (%s at byte %d of %d, not the newest segment)", err, s.name, pos, size)
+	}
+	if hasIndex && st.cfg.verify {
+		var chk segment
+		chk = segment{base: s.base}
+		if b, err := readBounded(st.root, indexName(qdir, s.base), indexHeader+4+8*(size/frameHeader+1)); err == nil && decodeIndex(&chk, b, size) == nil &&
+			chk.next == s.next && chk.sizeSum == s.sizeSum && slices.Equal(chk.index, s.index) {
+			return nil
+		}
+	}
+	iname := indexName(qdir, s.base)
+	if err := writeFileRename(st.root, iname, encodeIndex(s), false); err != nil {
+		return err
+	}
+	st.recovery.RebuiltIndexes = append(st.recovery.RebuiltIndexes, iname)
+	return nil
+}
+
+// recoverNewest reads the newest segment of a queue and cuts it at the
+// first torn or bad frame.
+func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasIndex bool, qdir string) error {
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval)
+	if err != nil && !errors.Is(err, ferry.ErrCorrupt) {
+		return fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
+	}
+	if err != nil {
+		if err := s.f.Truncate(pos); err != nil {
+			return err
+		}
+		if err := syncFile(s.f); err != nil {
+			return err
+		}
+		st.recovery.Truncated = append(st.recovery.Truncated, Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err})
+		st.cfg.log.Warn("ferry: filestore: cut torn tail", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "err", err)
+	}
+	if hasIndex { // written by a roll that did not finish; rewritten on the next
+		if err := st.root.Remove(indexName(qdir, s.base)); err != nil {
+			return err
+		}
+		return syncDir(st.root, qdir)
+	}
+	return nil
+}
+
+// Recovery returns what Open found and repaired.
+func (st *Store) Recovery() Recovery { return st.recovery }
+
+// Dir returns the directory the store was opened on.
+func (st *Store) Dir() string { return st.dir }
+
+// OpenQueue implements [ferry.Storage]. Opening a queue that is open
+// returns it (taking meta's retention); one that was closed is recovered
+// from disk again.
+func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	if err := meta.Validate(); err != nil {
+		return nil, fmt.Errorf("ferry: open queue: %w", err)
+	}
+	if queue < 0 || queue >= meta.Queues {
+		return nil, fmt.Errorf("ferry: open queue: %w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("ferry: open queue: %w", err)
+	}
+	ret := meta.Normalized().Retention
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return nil, fmt.Errorf("ferry: open queue: %w", ferry.ErrClosed)
+	}
+	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
+	if q, ok := st.queues[id]; ok {
+		q.setRetention(ret)
+		return q, nil
+	}
+	if err := mkdirSync(st.root, path.Join("topics", meta.Name)); err != nil {
+		return nil, fmt.Errorf("ferry: open queue %s: %w", id, err)
+	}
+	q, err := st.recoverQueue(id, ret)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: open queue %s: %w", id, err)
+	}
+	st.queues[id] = q
+	return q, nil
+}
+
+// forget drops a closed queue from the open set.
+func (st *Store) forget(q *queue) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.queues[q.id] == q {
+		delete(st.queues, q.id)
+	}
+}
+
+// Topics implements [ferry.Storage].
+func (st *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return nil, fmt.Errorf("ferry: topics: %w", ferry.ErrClosed)
+	}
+	out := make([]ferry.TopicMeta, 0, len(st.topics))
+	for _, m := range st.topics {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b ferry.TopicMeta) int { return cmp.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// SaveTopic implements [ferry.Storage]: the metadata is written atomically
+// and durably before it returns.
+func (st *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := meta.Validate(); err != nil {
+		return fmt.Errorf("ferry: save topic: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("ferry: save topic: %w", err)
+	}
+	meta = meta.Normalized()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return fmt.Errorf("ferry: save topic: %w", ferry.ErrClosed)
+	}
+	tdir := path.Join("topics", meta.Name)
+	if err := mkdirSync(st.root, tdir); err != nil {
+		return fmt.Errorf("ferry: save topic %q: %w", meta.Name, err)
+	}
+	if err := writeFileRename(st.root, path.Join(tdir, "meta"), encodeMeta(meta), true); err != nil {
+		return fmt.Errorf("ferry: save topic %q: %w", meta.Name, err)
+	}
+	st.topics[meta.Name] = meta
+	for id, q := range st.queues {
+		if id.Topic == meta.Name {
+			q.setRetention(meta.Retention)
+		}
+	}
+	return nil
+}
+
+// Close implements [io.Closer] for both seams: it closes every open queue
+// and the cursor store (writing pending cursors), then releases the
+// directory. It is idempotent.
+func (st *Store) Close() error {
+	st.closeMu.Lock()
+	defer st.closeMu.Unlock()
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		return st.closeErr
+	}
+	st.closed = true
+	qs := make([]*queue, 0, len(st.queues))
+	for _, q := range st.queues {
+		qs = append(qs, q)
+	}
+	st.mu.Unlock()
+	var errs []error
+	for _, q := range qs {
+		errs = append(errs, q.Close())
+	}
+	if st.cursors != nil {
+		errs = append(errs, st.cursors.close())
+	}
+	errs = append(errs, st.lock.Close(), st.root.Close())
+	err := errors.Join(errs...)
+	if err != nil {
+		err = fmt.Errorf("ferry: filestore: close %s: %w", st.dir, err)
+	}
+	st.mu.Lock()
+	st.closeErr = err
+	st.mu.Unlock()
+	return err
+}
