@@ -74,13 +74,14 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 	if over(n, q.ret.MaxMessages) || over(size, q.ret.MaxBytes) {
 		return 0, fmt.Errorf("ferry: write %s: %w: batch of %d messages, %d bytes exceeds retention", q.id, ErrMessageTooLarge, n, size)
 	}
+	var now time.Time // one clock read per write: it costs as much as the rest of a small write
 	q.mu.Lock()
 	for {
 		if q.closed {
 			q.mu.Unlock()
 			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ErrClosed)
 		}
-		now := time.Now()
+		now = time.Now()
 		q.trim(now, n, size)
 		if q.ret.Overflow == DropOldest || q.fits(n, size) {
 			break
@@ -106,7 +107,6 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		q.mu.Unlock()
 		return first, nil
 	}
-	now := time.Now()
 	for i, m := range msgs {
 		m.Queue = q.id.Queue
 		m.Offset = first + int64(i)
