@@ -81,7 +81,7 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 			q.mu.Unlock()
 			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ErrClosed)
 		}
-		now = time.Now()
+		now = stampTime()
 		q.trim(now, n, size)
 		if q.ret.Overflow == DropOldest || q.fits(n, size) {
 			break

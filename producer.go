@@ -98,7 +98,7 @@ type sendBox struct {
 // modify m afterwards.
 func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 	box := &sendBox{}
-	q, err := p.prepare(ctx, m, &box.em, time.Now())
+	q, err := p.prepare(ctx, m, &box.em, stampTime())
 	if err != nil {
 		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
 	}
@@ -113,7 +113,7 @@ func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 // full [Block] queue it returns [ErrQueueFull].
 func (p *Producer) TrySend(m *Message) (SendResult, error) {
 	box := &sendBox{}
-	q, err := p.prepare(context.Background(), m, &box.em, time.Now())
+	q, err := p.prepare(context.Background(), m, &box.em, stampTime())
 	if err != nil {
 		return SendResult{}, fmt.Errorf("ferry: try send: %w", err)
 	}
@@ -193,7 +193,7 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 		}
 		return nil, nil
 	}
-	now := time.Now()
+	now := stampTime()
 	ems := make([]EnhancedMessage, len(msgs))
 	type target struct {
 		t      *topicState
