@@ -141,6 +141,9 @@ func (q *MemoryQueue) fits(n, size int64) bool {
 // released messages go. q.mu must be held.
 func (q *MemoryQueue) trim(now time.Time, n, size int64) {
 	for q.head < len(q.msgs) {
+		if q.ret.MaxAge <= 0 && q.fits(n, size) {
+			return // nothing to drop; the oldest message (likely out of cache) stays untouched
+		}
 		m := q.msgs[q.head]
 		if q.ret.Overflow == Block && m.Offset >= q.released {
 			return
