@@ -25,6 +25,10 @@ type Producer struct {
 	name   string
 	max    int
 	closed atomic.Bool
+	// last is the topic of the latest send: topics are never removed and
+	// a topicState never changes, so a send to the same topic skips the
+	// broker's map lookup.
+	last atomic.Pointer[topicState]
 }
 
 // SendResult says where a message landed.
@@ -157,9 +161,13 @@ func (p *Producer) check(ctx context.Context, m *Message) (*topicState, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	t, err := p.b.topic(m.Topic)
-	if err != nil {
-		return nil, err
+	t := p.last.Load()
+	if t == nil || t.meta.Name != m.Topic || p.b.closed.Load() {
+		var err error
+		if t, err = p.b.topic(m.Topic); err != nil {
+			return nil, err
+		}
+		p.last.Store(t)
 	}
 	if n := m.Size(); n > p.max {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLarge, n, p.max)
