@@ -51,15 +51,18 @@ func (q *MemoryQueue) ID() QueueID { return q.id }
 
 // Write implements [WritableQueue].
 func (q *MemoryQueue) Write(ctx context.Context, msgs []*EnhancedMessage) (int64, error) {
-	return q.write(ctx, msgs, true)
+	return q.write(ctx, msgs, true, time.Time{})
 }
 
 // TryWrite implements [TryWriter].
 func (q *MemoryQueue) TryWrite(msgs []*EnhancedMessage) (int64, error) {
-	return q.write(context.Background(), msgs, false)
+	return q.write(context.Background(), msgs, false, time.Time{})
 }
 
-func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait bool) (int64, error) {
+// write appends msgs, waiting for room if wait. now, when not zero, is the
+// caller's clock reading taken just before (a producer's stamp): it serves
+// as StoreTime unless the write waits for room, which saves a clock read.
+func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait bool, now time.Time) (int64, error) {
 	var size int64
 	for i, m := range msgs {
 		if m == nil {
@@ -80,7 +83,9 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 			q.mu.Unlock()
 			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ErrClosed)
 		}
-		now := time.Now()
+		if now.IsZero() {
+			now = stampTime() // one clock read per write: it costs as much as the rest of a small write
+		}
 		q.trim(now, n, size)
 		if q.ret.Overflow == DropOldest || q.fits(n, size) {
 			break
@@ -94,6 +99,7 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		}
 		space := q.space
 		q.mu.Unlock()
+		now = time.Time{} // stored after the wait: read the clock again
 		select {
 		case <-space:
 		case <-ctx.Done():
@@ -106,7 +112,6 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		q.mu.Unlock()
 		return first, nil
 	}
-	now := time.Now()
 	for i, m := range msgs {
 		m.Queue = q.id.Queue
 		m.Offset = first + int64(i)
@@ -141,6 +146,9 @@ func (q *MemoryQueue) fits(n, size int64) bool {
 // released messages go. q.mu must be held.
 func (q *MemoryQueue) trim(now time.Time, n, size int64) {
 	for q.head < len(q.msgs) {
+		if q.ret.MaxAge <= 0 && q.fits(n, size) {
+			return // nothing to drop; the oldest message (likely out of cache) stays untouched
+		}
 		m := q.msgs[q.head]
 		if q.ret.Overflow == Block && m.Offset >= q.released {
 			return

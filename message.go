@@ -30,6 +30,9 @@ type Message struct {
 // flow control: its body, key, tag and header keys and values.
 func (m *Message) Size() int {
 	n := len(m.Body) + len(m.Key) + len(m.Tag)
+	if len(m.Headers) == 0 {
+		return n // skips starting a map iteration: Size runs twice per Send
+	}
 	for k, v := range m.Headers {
 		n += len(k) + len(v)
 	}

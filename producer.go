@@ -25,6 +25,10 @@ type Producer struct {
 	name   string
 	max    int
 	closed atomic.Bool
+	// last is the topic of the latest send: topics are never removed and
+	// a topicState never changes, so a send to the same topic skips the
+	// broker's map lookup.
+	last atomic.Pointer[topicState]
 }
 
 // SendResult says where a message landed.
@@ -98,12 +102,13 @@ type sendBox struct {
 // modify m afterwards.
 func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 	box := &sendBox{}
-	q, err := p.prepare(ctx, m, &box.em, time.Now())
+	now := stampTime()
+	q, err := p.prepare(ctx, m, &box.em, now)
 	if err != nil {
 		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
 	}
 	box.one[0] = &box.em
-	if _, err := q.Write(ctx, box.one[:]); err != nil {
+	if _, err := writeAt(ctx, q, box.one[:], now); err != nil {
 		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
 	}
 	return SendResult{ID: box.em.ID, Queue: QueueID{Topic: m.Topic, Queue: box.em.Queue}, Offset: box.em.Offset}, nil
@@ -113,12 +118,15 @@ func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 // full [Block] queue it returns [ErrQueueFull].
 func (p *Producer) TrySend(m *Message) (SendResult, error) {
 	box := &sendBox{}
-	q, err := p.prepare(context.Background(), m, &box.em, time.Now())
+	now := stampTime()
+	q, err := p.prepare(context.Background(), m, &box.em, now)
 	if err != nil {
 		return SendResult{}, fmt.Errorf("ferry: try send: %w", err)
 	}
 	box.one[0] = &box.em
-	if tw, ok := q.(TryWriter); ok {
+	if mq, ok := q.(*MemoryQueue); ok {
+		_, err = mq.write(context.Background(), box.one[:], false, now)
+	} else if tw, ok := q.(TryWriter); ok {
 		_, err = tw.TryWrite(box.one[:])
 	} else {
 		_, err = q.Write(context.Background(), box.one[:])
@@ -127,6 +135,16 @@ func (p *Producer) TrySend(m *Message) (SendResult, error) {
 		return SendResult{}, fmt.Errorf("ferry: try send: %w", err)
 	}
 	return SendResult{ID: box.em.ID, Queue: QueueID{Topic: m.Topic, Queue: box.em.Queue}, Offset: box.em.Offset}, nil
+}
+
+// writeAt writes msgs to q. A MemoryQueue takes now, the clock reading the
+// messages were stamped with, as their StoreTime instead of reading the
+// clock again (unless it waits for room).
+func writeAt(ctx context.Context, q Queue, msgs []*EnhancedMessage, now time.Time) (int64, error) {
+	if mq, ok := q.(*MemoryQueue); ok {
+		return mq.write(ctx, msgs, true, now)
+	}
+	return q.Write(ctx, msgs)
 }
 
 // prepare checks m, stamps it into em and routes it.
@@ -157,9 +175,13 @@ func (p *Producer) check(ctx context.Context, m *Message) (*topicState, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	t, err := p.b.topic(m.Topic)
-	if err != nil {
-		return nil, err
+	t := p.last.Load()
+	if t == nil || t.meta.Name != m.Topic || p.b.closed.Load() {
+		var err error
+		if t, err = p.b.topic(m.Topic); err != nil {
+			return nil, err
+		}
+		p.last.Store(t)
 	}
 	if n := m.Size(); n > p.max {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLarge, n, p.max)
@@ -193,7 +215,7 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 		}
 		return nil, nil
 	}
-	now := time.Now()
+	now := stampTime()
 	ems := make([]EnhancedMessage, len(msgs))
 	type target struct {
 		t      *topicState
@@ -257,7 +279,7 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 			if lo == hi {
 				continue
 			}
-			if _, err := tg.t.queues[q].Write(ctx, sorted[lo:hi]); err != nil {
+			if _, err := writeAt(ctx, tg.t.queues[q], sorted[lo:hi], now); err != nil {
 				return results, fmt.Errorf("ferry: send batch: write %s: %w", tg.t.queues[q].ID(), err)
 			}
 			for k := lo; k < hi; k++ {

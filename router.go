@@ -45,6 +45,9 @@ func RoundRobinRouter() Router { return &roundRobinRouter{} }
 type roundRobinRouter struct{ n atomic.Uint64 }
 
 func (r *roundRobinRouter) Select(_ *EnhancedMessage, meta TopicMeta) (int, error) {
+	if meta.Queues == 1 {
+		return 0, nil // skips the shared atomic add and a 64-bit division
+	}
 	return int((r.n.Add(1) - 1) % uint64(meta.Queues)), nil
 }
 
