@@ -594,3 +594,28 @@ func TestOpenQueueTwiceSharesTheQueue(t *testing.T) {
 	require.ErrorIs(t, err, ferry.ErrClosed)
 	require.ErrorIs(t, st.SaveTopic(ctx, meta), ferry.ErrClosed)
 }
+
+func TestNothingEscapesTheDirectory(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	outside := t.TempDir()
+	st := open(t, dir)
+	require.NoError(t, st.Close())
+	// A topic folder that is a symlink to elsewhere is not followed out.
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "topics", "evil")))
+	st = open(t, dir)
+	topics, err := st.Topics(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, topics)
+	_, err = st.OpenQueue(ctx, ferry.TopicMeta{Name: "evil", Queues: 1}, 0)
+	require.Error(t, err)
+	require.Error(t, st.SaveTopic(ctx, ferry.TopicMeta{Name: "evil", Queues: 1}))
+	entries, err := os.ReadDir(outside)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing written outside the store's directory")
+	// Names that are paths never reach the file system.
+	for _, name := range []string{"..", ".", "../x", "a/b", "/abs", "a\x00b", ""} {
+		_, err := st.OpenQueue(ctx, ferry.TopicMeta{Name: name, Queues: 1}, 0)
+		require.ErrorIs(t, err, ferry.ErrInvalidTopic, "%q", name)
+	}
+}
