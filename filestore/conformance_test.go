@@ -1,0 +1,53 @@
+package filestore_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
+	"github.com/ferrymq/ferry/filestore"
+)
+
+// features of the file store: persistent, with back-pressure; retention
+// is by whole segments, so not exact in general.
+var features = ferrytest.Features{Persistent: true, Block: true}
+
+func TestQueueConformance(t *testing.T) {
+	for _, p := range []filestore.SyncPolicy{filestore.SyncAlways, filestore.SyncNever} {
+		t.Run(p.String(), func(t *testing.T) {
+			ferrytest.TestQueue(t, features, func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
+				// Small segments and cache, so the suite reads from disk
+				// across segments too.
+				st, err := filestore.Open(t.TempDir(), filestore.WithSync(p), filestore.WithSegmentBytes(4096), filestore.WithCache(4, 1<<20))
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = st.Close() })
+				q, err := st.OpenQueue(t.Context(), meta, queue)
+				require.NoError(t, err)
+				return q
+			})
+		})
+	}
+}
+
+func TestStorageConformance(t *testing.T) {
+	ferrytest.TestStorage(t, features, func(t *testing.T, dir string) ferry.Storage {
+		st, err := filestore.Open(dir, filestore.WithSegmentBytes(4096))
+		require.NoError(t, err)
+		return st
+	})
+}
+
+func TestCursorStoreConformance(t *testing.T) {
+	for _, p := range []filestore.SyncPolicy{filestore.SyncAlways, filestore.SyncEvery(time.Millisecond), filestore.SyncNever} {
+		t.Run(p.String(), func(t *testing.T) {
+			ferrytest.TestCursorStore(t, features, func(t *testing.T, dir string) ferry.CursorStore {
+				st, err := filestore.Open(dir, filestore.WithSync(p))
+				require.NoError(t, err)
+				return st
+			})
+		})
+	}
+}
