@@ -1,5 +1,6 @@
-// Durable sends messages to a topic stored on disk, consumes a few and
-// commits the cursor, stops, starts again from the same directory and
+// Durable sends orders to a topic stored on disk and consumes half of
+// them with a pull consumer, committing as it goes; then it stops, starts
+// again from the same directory, and a new consumer of the same group
 // resumes from the committed cursor: topics, messages and cursors survive
 // the restart.
 package main
@@ -27,12 +28,12 @@ func main() {
 	}
 	defer os.RemoveAll(dir)
 
-	fmt.Println("== first run: send 6, consume 2 per queue")
-	if err := run(dir, func(ctx context.Context, b *ferry.Broker, st *filestore.Store) error {
-		if err := b.CreateTopic(ctx, ferry.TopicMeta{Name: topic, Queues: 2}); err != nil {
+	fmt.Println("== first run: send 6 orders, consume 3")
+	if err := run(dir, func(ctx context.Context, b *ferry.Broker) error {
+		if err := b.CreateTopic(ctx, ferry.TopicMeta{Name: topic, Queues: 1}); err != nil {
 			return err
 		}
-		p, err := b.NewProducer(ferry.WithRouter(ferry.RoundRobinRouter()))
+		p, err := b.NewProducer()
 		if err != nil {
 			return err
 		}
@@ -42,28 +43,34 @@ func main() {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("sent order %d -> %s offset %d\n", i, res.Queue, res.Offset)
+			fmt.Printf("sent %q -> %s offset %d\n", fmt.Sprintf("order %d", i), res.Queue, res.Offset)
 		}
-		return consume(ctx, b, st, 2)
+		return consume(ctx, b, 3)
 	}); err != nil {
 		log.Fatal(err)
 	}
 
-	fmt.Println("== second run: resume from the committed cursors")
-	if err := run(dir, func(ctx context.Context, b *ferry.Broker, st *filestore.Store) error {
+	fmt.Println("== second run: the same directory, the same group")
+	if err := run(dir, func(ctx context.Context, b *ferry.Broker) error {
 		meta, ok := b.Topic(topic)
 		if !ok {
 			return errors.New("topic lost")
 		}
-		fmt.Printf("topic %s with %d queues is back\n", meta.Name, meta.Queues)
-		return consume(ctx, b, st, -1)
+		q, err := b.Queue(topic, 0)
+		if err != nil {
+			return err
+		}
+		oldest, next := q.Offsets()
+		fmt.Printf("topic %s is back: %d queue, offsets [%d, %d)\n", meta.Name, meta.Queues, oldest, next)
+		return consume(ctx, b, 3)
 	}); err != nil {
 		log.Fatal(err)
 	}
 }
 
-// run opens the store and a broker over it, calls f, and closes both.
-func run(dir string, f func(context.Context, *ferry.Broker, *filestore.Store) error) error {
+// run opens the store and a broker over it, calls f, and closes both: the
+// broker first, then the store.
+func run(dir string, f func(context.Context, *ferry.Broker) error) error {
 	st, err := filestore.Open(dir, filestore.WithSync(filestore.SyncAlways))
 	if err != nil {
 		return err
@@ -72,45 +79,30 @@ func run(dir string, f func(context.Context, *ferry.Broker, *filestore.Store) er
 	if err != nil {
 		return errors.Join(err, st.Close())
 	}
-	err = f(context.Background(), b, st)
+	err = f(context.Background(), b)
 	return errors.Join(err, b.Close(), st.Close())
 }
 
-// consume reads up to max messages (all when max < 0) of each queue from
-// the group's cursor on, then commits the next offset.
-func consume(ctx context.Context, b *ferry.Broker, cs ferry.CursorStore, max int) error {
-	meta, _ := b.Topic(topic)
-	cursors, err := cs.Load(ctx, topic, group, meta.Queues)
+// consume polls n messages as a member of the group and commits each one
+// once handled; the cursor it leaves is where the next member starts.
+func consume(ctx context.Context, b *ferry.Broker, n int) error {
+	c, err := b.NewPullConsumer(group, topic, ferry.WithStartFrom(ferry.Earliest))
 	if err != nil {
 		return err
 	}
-	for i, from := range cursors {
-		q, err := b.Queue(topic, i)
+	defer c.Close()
+	for n > 0 {
+		msgs, err := c.Poll(ctx, n)
 		if err != nil {
 			return err
 		}
-		oldest, next := q.Offsets()
-		if from < 0 {
-			from = oldest // nothing committed yet: start at the beginning
-		}
-		if max >= 0 {
-			next = min(next, from+int64(max))
-		}
-		for off := from; off < next; {
-			buf := make([]*ferry.EnhancedMessage, next-off)
-			n, err := q.Read(ctx, off, buf)
-			if err != nil {
+		for _, m := range msgs {
+			fmt.Printf("consumed %q from %s offset %d\n", m.Body, m.QueueID(), m.Offset)
+			if err := c.Commit(ctx, m); err != nil {
 				return err
 			}
-			for _, m := range buf[:n] {
-				fmt.Printf("consumed %s from %s offset %d\n", m.Body, m.QueueID(), m.Offset)
-			}
-			off += int64(n)
 		}
-		if err := cs.Commit(ctx, topic, group, i, next); err != nil {
-			return err
-		}
-		fmt.Printf("committed %s[%d] at %d\n", topic, i, next)
+		n -= len(msgs)
 	}
 	return nil
 }
