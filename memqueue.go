@@ -202,8 +202,9 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 		}
 		next := q.base + int64(len(q.msgs)-q.head)
 		if offset < q.base || offset > next {
+			base := q.base
 			q.mu.Unlock()
-			return 0, fmt.Errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ErrOffsetOutOfRange, q.base, next)
+			return 0, fmt.Errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ErrOffsetOutOfRange, base, next)
 		}
 		if offset < next {
 			i := q.head + int(offset-q.base)
