@@ -149,3 +149,47 @@ func BenchmarkRecovery(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRead reads 100-byte messages in batches of 64 from the tail
+// cache and, with the cache off, from disk (page cache) through the index.
+func BenchmarkRead(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		opt  filestore.Option
+	}{{"cache", filestore.WithCache(1<<20, 1<<30)}, {"disk", filestore.WithCache(0, 0)}} {
+		b.Run(c.name, func(b *testing.B) {
+			st, err := filestore.Open(b.TempDir(), filestore.WithSync(filestore.SyncNever), c.opt)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			ctx := context.Background()
+			q, err := st.OpenQueue(ctx, benchMeta, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			const total = 100_000
+			batch := make([]*ferry.EnhancedMessage, 100)
+			for range total / len(batch) {
+				for i := range batch {
+					batch[i] = benchMsg()
+				}
+				if _, err := q.Write(ctx, batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			dst := make([]*ferry.EnhancedMessage, 64)
+			b.ResetTimer()
+			read := 0
+			for off := int64(0); read < b.N; {
+				n, err := q.Read(ctx, off, dst[:min(len(dst), b.N-read)])
+				if err != nil {
+					b.Fatal(err)
+				}
+				read += n
+				off = (off + int64(n)) % total
+			}
+			reportRate(b, b.N)
+		})
+	}
+}

@@ -293,6 +293,26 @@ func TestCorruption(t *testing.T) {
 			},
 		},
 		{
+			name: "a cursor beyond a cut tail is clamped to the new end",
+			damage: func(t *testing.T, dir string) {
+				st, err := filestore.Open(dir, corruptOptions()...)
+				require.NoError(t, err)
+				require.NoError(t, st.Commit(context.Background(), "t", "g", 0, 1000))
+				require.NoError(t, st.Close())
+				segs := segments(t, dir)
+				require.NoError(t, os.Truncate(segs[len(segs)-1], 0))
+			},
+			check: func(t *testing.T, dir string, all []*ferry.EnhancedMessage) {
+				segs := segments(t, dir)
+				base := firstOffset(t, segs[len(segs)-1])
+				st := checkPrefix(t, dir, all, base)
+				got, err := st.Load(context.Background(), "t", "g", 1)
+				require.NoError(t, err)
+				assert.Equal(t, []int64{base}, got)
+				assert.Equal(t, []filestore.ClampedCursor{{Topic: "t", Group: "g", Queue: 0, From: 1000, To: base}}, st.Recovery().ClampedCursors)
+			},
+		},
+		{
 			name: "damaged cursor file: ErrCorrupt",
 			damage: func(t *testing.T, dir string) {
 				flipByte(t, filepath.Join(dir, "cursors"), 6)
