@@ -158,3 +158,42 @@ func TestFuzzSeedCorpus(t *testing.T) {
 		assert.Equal(t, s.ok, err == nil, "%s: %v", name, err)
 	}
 }
+
+// Every single-byte change or cut of an index or cursor file is refused
+// (or, for an index, still describes the segment), never a panic.
+func TestIndexAndCursorDecodersRefuseDamage(t *testing.T) {
+	s := &segment{base: 100, next: 100}
+	for i := range 50 {
+		s.add(frameInfo{base: 100 + int64(i), count: 1, time: int64(i + 1), sizeSum: 10, totalLen: 300}, 1024)
+	}
+	b := encodeIndex(s)
+	got := &segment{base: 100}
+	require.NoError(t, decodeIndex(got, b, s.size))
+	assert.Equal(t, s.index, got.index)
+	assert.Equal(t, s.next, got.next)
+	for i := range b {
+		c := bytes.Clone(b)
+		c[i] ^= 0x01
+		assert.Error(t, decodeIndex(&segment{base: 100}, c, s.size), "byte %d", i)
+	}
+	for n := range len(b) {
+		assert.Error(t, decodeIndex(&segment{base: 100}, b[:n], s.size), "cut at %d", n)
+	}
+	assert.Error(t, decodeIndex(&segment{base: 100}, b, s.size+1), "index of another size")
+
+	c := &cursorStore{m: map[cursorKey]int64{{"t", "g\xff", 1}: 5, {"u", "h", 0}: 7}}
+	cb := c.encode()
+	back := &cursorStore{m: map[cursorKey]int64{}}
+	require.NoError(t, back.decode(cb))
+	assert.Equal(t, c.m, back.m)
+	for i := range cb {
+		d := bytes.Clone(cb)
+		d[i] ^= 0x01
+		err := (&cursorStore{m: map[cursorKey]int64{}}).decode(d)
+		assert.ErrorIs(t, err, ferry.ErrCorrupt, "byte %d", i)
+	}
+	for n := range len(cb) {
+		err := (&cursorStore{m: map[cursorKey]int64{}}).decode(cb[:n])
+		assert.ErrorIs(t, err, ferry.ErrCorrupt, "cut at %d", n)
+	}
+}
