@@ -213,7 +213,12 @@ func (q *queue) run() {
 		case <-q.kick:
 		case <-age.C:
 		case done := <-q.retainC:
-			done <- q.retain(time.Now())
+			err := q.retain(time.Now())
+			if err != nil {
+				q.fail(err)
+			}
+			done <- err
+			q.armAge(age)
 			continue
 		case <-tick:
 			if q.dirty {
@@ -238,7 +243,9 @@ func (q *queue) run() {
 	}
 }
 
-// armAge sets the timer to the moment the oldest segment expires.
+// armAge sets the timer to the moment the oldest segment expires. It
+// leaves the timer off when that moment has passed: the segment is then
+// held by Block overflow until a Release, which wakes the writer.
 func (q *queue) armAge(t *time.Timer) {
 	q.mu.Lock()
 	maxAge := q.ret.MaxAge
@@ -252,7 +259,9 @@ func (q *queue) armAge(t *time.Timer) {
 	if last == 0 {
 		return
 	}
-	t.Reset(time.Until(time.Unix(0, last).Add(maxAge)) + time.Millisecond)
+	if d := time.Until(time.Unix(0, last).Add(maxAge)); d >= 0 {
+		t.Reset(d + time.Millisecond)
+	}
 }
 
 // process commits the pending writes that fit, in order.
@@ -713,15 +722,15 @@ func (q *queue) Offsets() (oldest, next int64) {
 // see expired messages gone.
 func (q *queue) expire() {
 	q.mu.Lock()
-	maxAge, closed := q.ret.MaxAge, q.closed
+	ret, released, closed := q.ret, q.released, q.closed
 	q.mu.Unlock()
-	if maxAge <= 0 || closed {
+	if ret.MaxAge <= 0 || closed {
 		return
 	}
 	q.segMu.RLock()
-	last := q.segs[0].lastTime
+	last, held := q.segs[0].lastTime, ret.Overflow == ferry.Block && q.segs[0].next > released
 	q.segMu.RUnlock()
-	if last == 0 || time.Since(time.Unix(0, last)) <= maxAge {
+	if last == 0 || held || time.Since(time.Unix(0, last)) <= ret.MaxAge {
 		return
 	}
 	done := make(chan error, 1)

@@ -619,3 +619,25 @@ func TestNothingEscapesTheDirectory(t *testing.T) {
 		require.ErrorIs(t, err, ferry.ErrInvalidTopic, "%q", name)
 	}
 }
+
+func TestBlockHoldsExpiredUntilReleased(t *testing.T) {
+	ctx := context.Background()
+	st := open(t, t.TempDir())
+	const age = 20 * time.Millisecond
+	meta := ferry.TopicMeta{Name: "t", Queues: 1, Retention: ferry.Retention{MaxAge: age, Overflow: ferry.Block}}
+	q := openQueue(t, st, meta, 0)
+	_, err := q.Write(ctx, []*ferry.EnhancedMessage{msg("t", 0), msg("t", 1)})
+	require.NoError(t, err)
+	// Let the messages age: a read at the end times out after age.
+	rctx, cancel := context.WithTimeout(ctx, 2*age)
+	_, err = q.Read(rctx, 2, make([]*ferry.EnhancedMessage, 1))
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	oldest, next := q.Offsets()
+	assert.Equal(t, int64(0), oldest, "Block keeps what is not released, however old")
+	assert.Equal(t, int64(2), next)
+	q.(ferry.Releaser).Release(2)
+	oldest, next = q.Offsets()
+	assert.Equal(t, int64(2), oldest, "released and expired: gone")
+	assert.Equal(t, int64(2), next)
+}
