@@ -1,0 +1,170 @@
+package filestore
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/ferrymq/ferry"
+)
+
+// recoverQueue opens the segments of a queue's folder, creating the folder
+// and a first segment when missing, and starts the queue.
+func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, error) {
+	qdir := path.Join("topics", id.Topic, strconv.Itoa(id.Queue))
+	if err := mkdirSync(st.root, qdir); err != nil {
+		return nil, err
+	}
+	entries, err := fs.ReadDir(st.root.FS(), qdir)
+	if err != nil {
+		return nil, err
+	}
+	var bases []int64
+	indexes := map[int64]bool{}
+	removed := false
+	for _, e := range entries {
+		n := e.Name()
+		switch {
+		case strings.HasSuffix(n, ".tmp"):
+			_ = st.root.Remove(path.Join(qdir, n))
+			removed = true
+		case len(n) == 24 && strings.HasSuffix(n, ".log"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				bases = append(bases, b)
+			}
+		case len(n) == 26 && strings.HasSuffix(n, ".index"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				indexes[b] = true
+			}
+		}
+	}
+	slices.Sort(bases)
+	var segs []*segment
+	closeAll := func() {
+		for _, s := range segs {
+			_ = s.f.Close()
+		}
+	}
+	if len(bases) == 0 {
+		name := segmentName(qdir, 0)
+		f, err := st.root.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := syncDir(st.root, qdir); err != nil {
+			_ = f.Close()
+			return nil, err
+		}
+		segs = append(segs, &segment{name: name, f: f})
+	}
+	for i, base := range bases {
+		name := segmentName(qdir, base)
+		f, err := st.root.OpenFile(name, os.O_RDWR, 0)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		s := &segment{name: name, f: f, base: base, next: base}
+		segs = append(segs, s)
+		if i > 0 && segs[i-1].next != base {
+			closeAll()
+			return nil, fmt.Errorf("%w: %s starts at offset %d, the segment before it ends at %d", ferry.ErrCorrupt, name, base, segs[i-1].next)
+		}
+		fi, err := f.Stat()
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		if i < len(bases)-1 {
+			err = st.recoverSealed(s, fi.Size(), indexes[base], qdir)
+		} else {
+			err = st.recoverNewest(id, s, fi.Size(), indexes[base], qdir)
+		}
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	for b := range indexes { // orphans of deleted segments
+		if !slices.Contains(bases, b) {
+			_ = st.root.Remove(indexName(qdir, b))
+			removed = true
+		}
+	}
+	if removed {
+		if err := syncDir(st.root, qdir); err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	return newQueue(st, id, qdir, segs, ret), nil
+}
+
+// recoverSealed loads the index of a sealed segment and checks its tail;
+// if either fails, or WithVerify is on, it reads the whole segment, where
+// a bad frame is ErrCorrupt, and rewrites the index.
+func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir string) error {
+	if hasIndex && !st.cfg.verify {
+		iname := indexName(qdir, s.base)
+		b, err := readBounded(st.root, iname, indexHeader+4+8*(size/frameHeader+1))
+		if err == nil {
+			err = decodeIndex(s, b, size)
+		}
+		if err == nil {
+			if _, err = checkTail(s, st.cfg.maxFrameBytes); err == nil {
+				return nil
+			}
+		}
+		st.cfg.log.Warn("ferry: filestore: rebuilding index", "file", iname, "err", err)
+	}
+	*s = segment{name: s.name, f: s.f, base: s.base, next: s.base}
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval)
+	if err != nil {
+		return fmt.Errorf("%w (%s at byte %d of %d, not the newest segment)", err, s.name, pos, size)
+	}
+	if hasIndex && st.cfg.verify {
+		var chk segment
+		chk = segment{base: s.base}
+		if b, err := readBounded(st.root, indexName(qdir, s.base), indexHeader+4+8*(size/frameHeader+1)); err == nil && decodeIndex(&chk, b, size) == nil &&
+			chk.next == s.next && chk.sizeSum == s.sizeSum && slices.Equal(chk.index, s.index) {
+			return nil
+		}
+	}
+	iname := indexName(qdir, s.base)
+	if err := writeFileRename(st.root, iname, encodeIndex(s), false); err != nil {
+		return err
+	}
+	st.recovery.RebuiltIndexes = append(st.recovery.RebuiltIndexes, iname)
+	return nil
+}
+
+// recoverNewest reads the newest segment of a queue and cuts it at the
+// first torn or bad frame.
+func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasIndex bool, qdir string) error {
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval)
+	if err != nil && !errors.Is(err, ferry.ErrCorrupt) {
+		return fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
+	}
+	if err != nil {
+		if err := s.f.Truncate(pos); err != nil {
+			return err
+		}
+		if err := syncFile(s.f); err != nil {
+			return err
+		}
+		st.recovery.Truncated = append(st.recovery.Truncated, Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err})
+		st.cfg.log.Warn("ferry: filestore: cut torn tail", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "err", err)
+	}
+	if hasIndex { // written by a roll that did not finish; rewritten on the next
+		if err := st.root.Remove(indexName(qdir, s.base)); err != nil {
+			return err
+		}
+		return syncDir(st.root, qdir)
+	}
+	return nil
+}

@@ -1,0 +1,370 @@
+package filestore
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/ferrymq/ferry"
+)
+
+// run is the writer goroutine: it owns appends, rolls, syncs and deletes.
+func (q *queue) run() {
+	defer q.wg.Done()
+	var tick <-chan time.Time
+	if q.cfg.sync.mode == syncEvery {
+		t := time.NewTicker(q.cfg.sync.interval)
+		defer t.Stop()
+		tick = t.C
+	}
+	age := time.NewTimer(time.Hour)
+	age.Stop()
+	defer age.Stop()
+	for {
+		select {
+		case r := <-q.reqs:
+			q.pending = append(q.pending, r)
+		drain:
+			for len(q.pending) < 4096 {
+				select {
+				case r := <-q.reqs:
+					q.pending = append(q.pending, r)
+				default:
+					break drain
+				}
+			}
+		case <-q.kick:
+		case <-age.C:
+		case done := <-q.retainC:
+			err := q.retain(time.Now())
+			if err != nil {
+				q.fail(err)
+			}
+			done <- err
+			q.armAge(age)
+			continue
+		case <-tick:
+			if q.dirty {
+				q.syncActive()
+			}
+			continue
+		case <-q.stop:
+			for _, r := range q.pending {
+				r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)}
+			}
+			q.pending = nil
+			if q.dirty && q.cfg.sync.mode != syncNever {
+				q.syncActive()
+			}
+			return
+		}
+		q.process()
+		if err := q.retain(time.Now()); err != nil {
+			q.fail(err)
+		}
+		q.armAge(age)
+	}
+}
+
+// armAge sets the timer to the moment the oldest segment expires. It
+// leaves the timer off when that moment has passed: the segment is then
+// held by Block overflow until a Release, which wakes the writer.
+func (q *queue) armAge(t *time.Timer) {
+	q.mu.Lock()
+	maxAge := q.ret.MaxAge
+	q.mu.Unlock()
+	if maxAge <= 0 {
+		return
+	}
+	q.segMu.RLock()
+	last := q.segs[0].lastTime
+	q.segMu.RUnlock()
+	if last == 0 {
+		return
+	}
+	if d := time.Until(time.Unix(0, last).Add(maxAge)); d >= 0 {
+		t.Reset(d + time.Millisecond)
+	}
+}
+
+// process commits the pending writes that fit, in order.
+func (q *queue) process() {
+	q.pending = slices.DeleteFunc(q.pending, func(r *writeReq) bool {
+		return r.state.Load() == reqCanceled
+	})
+	if len(q.pending) == 0 {
+		return
+	}
+	q.mu.Lock()
+	failed, ret := q.failed, q.ret
+	q.mu.Unlock()
+	if failed != nil {
+		for _, r := range q.pending {
+			if r.state.CompareAndSwap(reqPending, reqTaken) {
+				r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, failed)}
+			}
+		}
+		q.pending = q.pending[:0]
+		return
+	}
+	take := len(q.pending)
+	if ret.Overflow == ferry.Block {
+		take = q.fitting(ret)
+		// Those that cannot wait are refused now.
+		rest := q.pending[take:]
+		q.pending = q.pending[:take]
+		for _, r := range rest {
+			if r.try && r.state.CompareAndSwap(reqPending, reqTaken) {
+				r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrQueueFull)}
+				continue
+			}
+			q.pending = append(q.pending, r)
+		}
+	}
+	batch := make([]*writeReq, 0, take)
+	for _, r := range q.pending[:take] {
+		if r.state.CompareAndSwap(reqPending, reqTaken) {
+			batch = append(batch, r)
+		}
+	}
+	q.pending = slices.Delete(q.pending, 0, take)
+	if len(batch) > 0 {
+		q.commit(batch)
+	}
+}
+
+// commit writes batch: offsets, one write per segment touched, one
+// fdatasync with SyncAlways, then publishes and acknowledges.
+func (q *queue) commit(batch []*writeReq) {
+	now := time.Now()
+	q.mu.Lock()
+	first, ret := q.next, q.ret
+	q.mu.Unlock()
+	rollCount, rollBytes, rollAge := q.rollLimits(ret)
+
+	off := first
+	q.enc, q.ends = q.enc[:0], q.ends[:0]
+	var msgs []*ferry.EnhancedMessage
+	for _, r := range batch {
+		for _, m := range r.msgs {
+			m.Queue = q.id.Queue
+			m.Offset = off
+			m.StoreTime = now
+			off++
+			q.enc = ferry.AppendEncode(q.enc, m)
+			q.ends = append(q.ends, len(q.enc))
+			msgs = append(msgs, m)
+		}
+	}
+
+	type undo struct {
+		s    *segment
+		size int64
+	}
+	var touched []undo
+	fail := func(err error) {
+		for _, u := range touched {
+			_ = u.s.f.Truncate(u.size)
+		}
+		q.fail(err)
+		for _, r := range batch {
+			r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, q.failedErr())}
+		}
+	}
+
+	i := 0
+	for i < len(msgs) {
+		q.segMu.RLock()
+		act := q.segs[len(q.segs)-1]
+		cnt, size, sum, firstTime := act.count(), act.size, act.sizeSum, act.firstTime
+		q.segMu.RUnlock()
+		accepts := func(m *ferry.EnhancedMessage, encLen int) bool {
+			if cnt == 0 {
+				return true
+			}
+			return size+int64(encLen)+frameHeader <= q.cfg.segmentBytes &&
+				(rollCount < 0 || cnt+1 <= rollCount) &&
+				(rollBytes < 0 || sum+int64(m.Size()) <= rollBytes) &&
+				(rollAge == 0 || now.Sub(time.Unix(0, firstTime)) < rollAge)
+		}
+		encStart := func(j int) int {
+			if j == 0 {
+				return 0
+			}
+			return q.ends[j-1]
+		}
+		if !accepts(msgs[i], q.ends[i]-encStart(i)) {
+			if err := q.roll(); err != nil {
+				fail(err)
+				return
+			}
+			continue
+		}
+		// Frames for this segment.
+		q.out = q.out[:0]
+		var frames []frameInfo
+		for i < len(msgs) {
+			j, fsum := i, int64(0)
+			for j < len(msgs) {
+				m, l := msgs[j], q.ends[j]-encStart(j)
+				if j > i && q.ends[j]-encStart(i)+frameHeader > q.cfg.maxFrameBytes {
+					break
+				}
+				if !accepts(m, l) {
+					break
+				}
+				cnt++
+				size += int64(l)
+				if j == i {
+					size += frameHeader
+				}
+				sum += int64(m.Size())
+				fsum += int64(m.Size())
+				j++
+			}
+			if j == i {
+				break
+			}
+			start := len(q.out)
+			q.out = appendFrame(q.out, msgs[i].Offset, j-i, now.UnixNano(), fsum, q.enc[encStart(i):q.ends[j-1]])
+			frames = append(frames, frameInfo{base: msgs[i].Offset, count: j - i, time: now.UnixNano(), sizeSum: fsum, totalLen: len(q.out) - start})
+			if firstTime == 0 {
+				firstTime = now.UnixNano()
+			}
+			i = j
+		}
+		q.segMu.RLock()
+		at := act.size
+		q.segMu.RUnlock()
+		touched = append(touched, undo{act, at})
+		if _, err := act.f.WriteAt(q.out, at); err != nil {
+			fail(err)
+			return
+		}
+		q.dirty = true
+		q.segMu.Lock()
+		for _, fi := range frames {
+			act.add(fi, q.cfg.indexInterval)
+		}
+		q.segMu.Unlock()
+	}
+	if q.cfg.sync.mode == syncAlways {
+		if err := q.syncActive(); err != nil {
+			fail(err)
+			return
+		}
+	}
+
+	// Publish.
+	q.mu.Lock()
+	q.next = off
+	if q.cfg.cacheMessages > 0 {
+		for _, m := range msgs {
+			q.cache = append(q.cache, m)
+			q.cacheBytes += int64(m.Size())
+		}
+		q.trimCache(q.oldest)
+	} else {
+		q.cacheBase = off
+	}
+	q.wakeReaders()
+	q.mu.Unlock()
+	// Retention before the acknowledgement, so a writer sees its bounds
+	// kept when Write returns. A failed delete fails later writes; these
+	// are on disk.
+	if err := q.retain(now); err != nil {
+		q.fail(err)
+	}
+	for _, r := range batch {
+		r.done <- writeRes{first: r.msgs[0].Offset}
+	}
+	if cap(q.enc) > 16<<20 { // do not hold on to the buffers of a huge batch
+		q.enc, q.out = nil, nil
+	}
+}
+
+// trimCache keeps the cache within its bounds and at or above oldest.
+// q.mu must be held.
+func (q *queue) trimCache(oldest int64) {
+	for q.cacheHead < len(q.cache) {
+		live := len(q.cache) - q.cacheHead
+		if q.cacheBase >= oldest && live <= q.cfg.cacheMessages && q.cacheBytes <= q.cfg.cacheBytes {
+			break
+		}
+		q.cacheBytes -= int64(q.cache[q.cacheHead].Size())
+		q.cache[q.cacheHead] = nil
+		q.cacheHead++
+		q.cacheBase++
+	}
+	if q.cacheHead == len(q.cache) {
+		q.cache, q.cacheHead, q.cacheBase = q.cache[:0], 0, max(q.next, oldest)
+	} else if q.cacheHead > len(q.cache)/2 {
+		n := copy(q.cache, q.cache[q.cacheHead:])
+		clear(q.cache[n:])
+		q.cache, q.cacheHead = q.cache[:n], 0
+	}
+}
+
+// syncActive fdatasyncs the active segment.
+func (q *queue) syncActive() error {
+	q.segMu.RLock()
+	act := q.segs[len(q.segs)-1]
+	q.segMu.RUnlock()
+	q.dirty = false
+	if err := syncFile(act.f); err != nil {
+		q.fail(err)
+		return err
+	}
+	return nil
+}
+
+// fail makes the queue fail every later write.
+func (q *queue) fail(err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.failed == nil {
+		q.failed = fmt.Errorf("%w: %w", ErrFailed, err)
+		q.st.cfg.log.Error("ferry: filestore: queue failed", "queue", q.id.String(), "err", err)
+	}
+}
+
+func (q *queue) failedErr() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.failed
+}
+
+// roll seals the active segment (fdatasync unless SyncNever, index file)
+// and starts a new one.
+func (q *queue) roll() error {
+	q.segMu.RLock()
+	old := q.segs[len(q.segs)-1]
+	idx := encodeIndex(old)
+	base := old.next
+	q.segMu.RUnlock()
+	if q.cfg.sync.mode != syncNever {
+		if err := syncFile(old.f); err != nil {
+			return err
+		}
+		q.dirty = false
+	}
+	root := q.st.root
+	iname := indexName(q.dir, old.base)
+	if err := writeFileRename(root, iname, idx, false); err != nil {
+		return err
+	}
+	name := segmentName(q.dir, base)
+	f, err := root.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := syncDir(root, q.dir); err != nil {
+		_ = f.Close()
+		return err
+	}
+	q.segMu.Lock()
+	q.segs = append(q.segs, &segment{name: name, f: f, base: base, next: base})
+	q.segMu.Unlock()
+	return nil
+}
