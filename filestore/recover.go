@@ -128,8 +128,7 @@ func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir strin
 		return fmt.Errorf("%w (%s at byte %d of %d, not the newest segment)", err, s.name, pos, size)
 	}
 	if hasIndex && st.cfg.verify {
-		var chk segment
-		chk = segment{base: s.base}
+		chk := segment{base: s.base}
 		if b, err := readBounded(st.root, indexName(qdir, s.base), indexHeader+4+8*(size/frameHeader+1)); err == nil && decodeIndex(&chk, b, size) == nil &&
 			chk.next == s.next && chk.sizeSum == s.sizeSum && slices.Equal(chk.index, s.index) {
 			return nil
