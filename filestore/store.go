@@ -29,8 +29,9 @@ import (
 //	<dir>/topics/<topic>/<queue>/%020d.log    segments, named by base offset
 //	<dir>/topics/<topic>/<queue>/%020d.index  sparse index of a sealed segment
 //
-// Open recovers every queue and starts one writer goroutine per open
-// queue; Close stops them and releases the directory.
+// Open recovers every queue and starts a writer goroutine per open queue
+// and one for the cursor file; Close stops them, waits for them and
+// releases the directory.
 //
 // A Store is safe for concurrent use.
 type Store struct {
