@@ -50,6 +50,32 @@ func BenchmarkWrite(b *testing.B) {
 	}
 }
 
+// BenchmarkWriteBatch100 writes 100 messages of 100 bytes per Write from
+// one goroutine under SyncAlways: one frame, one write, one fdatasync.
+func BenchmarkWriteBatch100(b *testing.B) {
+	st, err := filestore.Open(b.TempDir(), filestore.WithSync(filestore.SyncAlways))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	q, err := st.OpenQueue(context.Background(), benchMeta, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	batch := make([]*ferry.EnhancedMessage, 100)
+	b.ResetTimer()
+	for range b.N {
+		for i := range batch {
+			batch[i] = benchMsg()
+		}
+		if _, err := q.Write(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, b.N*len(batch))
+}
+
 // BenchmarkGroupCommit64 writes one 100-byte message per Write from 64
 // goroutines under SyncAlways: they share writes and fdatasyncs.
 func BenchmarkGroupCommit64(b *testing.B) {
