@@ -103,6 +103,7 @@ func TestAllocateConsistentHashStable(t *testing.T) {
 	assert.Equal(t, [][]int{{4, 5, 6}, {0, 1, 2, 3}, {7}}, split(ferry.AllocateConsistentHash(0), 8, 3))
 	assert.Equal(t, [][]int{{4}, {0, 2, 3}, {1, 5, 6, 7}}, split(ferry.AllocateConsistentHash(10), 8, 3))
 	assert.Equal(t, split(ferry.AllocateConsistentHash(ferry.DefaultVirtualNodes), 40, 6), split(ferry.AllocateConsistentHash(-5), 40, 6))
+	assert.Equal(t, split(ferry.AllocateConsistentHash(4096), 40, 6), split(ferry.AllocateConsistentHash(1<<40), 40, 6), "a huge count is capped")
 }
 
 // TestAllocateConsistentHashMovesLittle checks what consistent hashing is
