@@ -170,3 +170,27 @@ func TestAllocateBroadcast(t *testing.T) {
 	}
 	assert.Empty(t, a.Allocate("g", "m", queues("orders", 3), nil))
 }
+
+// TestAllocatorsReturnNilWhenNothingIsOwned: no queues, no members or a
+// self that is not a member give nil, from every allocator.
+func TestAllocatorsReturnNilWhenNothingIsOwned(t *testing.T) {
+	for name, a := range map[string]ferry.Allocator{
+		"averagely":       ferry.AllocateAveragely(),
+		"circle":          ferry.AllocateAveragelyByCircle(),
+		"consistent hash": ferry.AllocateConsistentHash(0),
+		"config":          ferry.AllocateByConfig(queues("orders", 4)...),
+		"broadcast":       ferry.AllocateBroadcast(),
+	} {
+		qs, ms := queues("orders", 4), members(3)
+		assert.Nil(t, a.Allocate("g", "stranger", qs, ms), "%s: self not a member", name)
+		assert.Nil(t, a.Allocate("g", ms[0], nil, ms), "%s: no queues", name)
+		assert.Nil(t, a.Allocate("g", ms[0], []ferry.QueueID{}, ms), "%s: empty queues", name)
+		assert.Nil(t, a.Allocate("g", ms[0], qs, nil), "%s: no members", name)
+		assert.Nil(t, a.Allocate("g", "", qs, []string{}), "%s: empty members", name)
+		owned := 0
+		for _, m := range ms {
+			owned += len(a.Allocate("g", m, qs, ms))
+		}
+		assert.GreaterOrEqual(t, owned, len(qs), "%s: the members own every queue", name)
+	}
+}
