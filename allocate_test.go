@@ -194,3 +194,34 @@ func TestAllocatorsReturnNilWhenNothingIsOwned(t *testing.T) {
 		assert.GreaterOrEqual(t, owned, len(qs), "%s: the members own every queue", name)
 	}
 }
+
+// BenchmarkAllocate measures one member's Allocate for 64 queues and 16
+// members; "cold" rebuilds the consistent-hash ring every time (a new
+// member list), "warm" reuses it (every member asking in one rebalance).
+func BenchmarkAllocate(b *testing.B) {
+	qs, ms := queues("orders", 64), members(16)
+	for _, bc := range []struct {
+		name string
+		a    func() ferry.Allocator
+	}{
+		{"averagely", ferry.AllocateAveragely},
+		{"circle", ferry.AllocateAveragelyByCircle},
+		{"consistent-hash-warm", func() ferry.Allocator { return ferry.AllocateConsistentHash(0) }},
+		{"consistent-hash-cold", nil},
+		{"config", func() ferry.Allocator { return ferry.AllocateByConfig(qs[:4]...) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			if bc.a == nil {
+				for i := 0; b.Loop(); i++ {
+					ferry.AllocateConsistentHash(0).Allocate("g", ms[i%16], qs, ms)
+				}
+				return
+			}
+			a := bc.a()
+			for i := 0; b.Loop(); i++ {
+				a.Allocate("g", ms[i%16], qs, ms)
+			}
+		})
+	}
+}
