@@ -93,28 +93,37 @@ func allocateByCircle(_, self string, queues []QueueID, members []string) []Queu
 // of [AllocateConsistentHash] when it is given fewer than 1.
 const DefaultVirtualNodes = 100
 
+// maxVirtualNodes bounds the points per member, so that a huge count
+// cannot exhaust memory.
+const maxVirtualNodes = 4096
+
 // AllocateConsistentHash returns an allocator that places virtualNodes
 // points per member on a hash ring and gives each queue to the member of
 // the first point at or after the queue's hash, wrapping around. When a
 // member joins or leaves, only the queues next to its points move, unlike
-// the averaging allocators, which shift most queues.
+// the averaging allocators, which shift most queues. The price is balance:
+// shares are even only on average, so with few queues per member some get
+// more than others (or none); prefer [AllocateAveragely] then.
 //
 // The hash is stable across processes, versions and platforms: 64-bit
 // FNV-1a of a key, then the finalizer of MurmurHash3 (fmix64) to spread
 // similar keys. A member's points hash "<member>#<i>" for i in
-// [0, virtualNodes); a queue hashes [QueueID.String] ("topic[queue]").
-// A point two members hash to belongs to the one that sorts
-// first, so the ring is the same for everybody. virtualNodes < 1 means [DefaultVirtualNodes]. More points
-// balance the queues better and cost a little more per rebalance (the ring
-// has len(members)*virtualNodes points).
+// [0, virtualNodes); a queue hashes [QueueID.String] ("topic[queue]"). A
+// point two members hash to belongs to the one that sorts first, so the
+// ring is the same for everybody. virtualNodes < 1 means
+// [DefaultVirtualNodes]; more than 4096 means 4096. More points balance
+// better and cost a little more per rebalance (the ring has
+// len(members)*virtualNodes points; the allocator keeps the ring of the
+// last member list it saw).
 //
 // The split differs from RocketMQ's (whose Go and Java clients differ from
-// each other too); it is Ferry's own, fixed from this version on.
+// each other too); it is Ferry's own, fixed from this version on. The
+// allocator is safe for concurrent use.
 func AllocateConsistentHash(virtualNodes int) Allocator {
 	if virtualNodes < 1 {
 		virtualNodes = DefaultVirtualNodes
 	}
-	return &consistentHash{vnodes: virtualNodes}
+	return &consistentHash{vnodes: min(virtualNodes, maxVirtualNodes)}
 }
 
 // consistentHash keeps the ring of the last members it saw: every member

@@ -103,6 +103,7 @@ func TestAllocateConsistentHashStable(t *testing.T) {
 	assert.Equal(t, [][]int{{4, 5, 6}, {0, 1, 2, 3}, {7}}, split(ferry.AllocateConsistentHash(0), 8, 3))
 	assert.Equal(t, [][]int{{4}, {0, 2, 3}, {1, 5, 6, 7}}, split(ferry.AllocateConsistentHash(10), 8, 3))
 	assert.Equal(t, split(ferry.AllocateConsistentHash(ferry.DefaultVirtualNodes), 40, 6), split(ferry.AllocateConsistentHash(-5), 40, 6))
+	assert.Equal(t, split(ferry.AllocateConsistentHash(4096), 40, 6), split(ferry.AllocateConsistentHash(1<<40), 40, 6), "a huge count is capped")
 }
 
 // TestAllocateConsistentHashMovesLittle checks what consistent hashing is
@@ -168,4 +169,59 @@ func TestAllocateBroadcast(t *testing.T) {
 		}
 	}
 	assert.Empty(t, a.Allocate("g", "m", queues("orders", 3), nil))
+}
+
+// TestAllocatorsReturnNilWhenNothingIsOwned: no queues, no members or a
+// self that is not a member give nil, from every allocator.
+func TestAllocatorsReturnNilWhenNothingIsOwned(t *testing.T) {
+	for name, a := range map[string]ferry.Allocator{
+		"averagely":       ferry.AllocateAveragely(),
+		"circle":          ferry.AllocateAveragelyByCircle(),
+		"consistent hash": ferry.AllocateConsistentHash(0),
+		"config":          ferry.AllocateByConfig(queues("orders", 4)...),
+		"broadcast":       ferry.AllocateBroadcast(),
+	} {
+		qs, ms := queues("orders", 4), members(3)
+		assert.Nil(t, a.Allocate("g", "stranger", qs, ms), "%s: self not a member", name)
+		assert.Nil(t, a.Allocate("g", ms[0], nil, ms), "%s: no queues", name)
+		assert.Nil(t, a.Allocate("g", ms[0], []ferry.QueueID{}, ms), "%s: empty queues", name)
+		assert.Nil(t, a.Allocate("g", ms[0], qs, nil), "%s: no members", name)
+		assert.Nil(t, a.Allocate("g", "", qs, []string{}), "%s: empty members", name)
+		owned := 0
+		for _, m := range ms {
+			owned += len(a.Allocate("g", m, qs, ms))
+		}
+		assert.GreaterOrEqual(t, owned, len(qs), "%s: the members own every queue", name)
+	}
+}
+
+// BenchmarkAllocate measures one member's Allocate for 64 queues and 16
+// members; "cold" rebuilds the consistent-hash ring every time (a new
+// member list), "warm" reuses it (every member asking in one rebalance).
+func BenchmarkAllocate(b *testing.B) {
+	qs, ms := queues("orders", 64), members(16)
+	for _, bc := range []struct {
+		name string
+		a    func() ferry.Allocator
+	}{
+		{"averagely", ferry.AllocateAveragely},
+		{"circle", ferry.AllocateAveragelyByCircle},
+		{"consistent-hash-warm", func() ferry.Allocator { return ferry.AllocateConsistentHash(0) }},
+		{"consistent-hash-cold", nil},
+		{"config", func() ferry.Allocator { return ferry.AllocateByConfig(qs[:4]...) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			if bc.a == nil {
+				for i := 0; b.Loop(); i++ {
+					ferry.AllocateConsistentHash(0).Allocate("g", ms[i%16], qs, ms)
+				}
+				return
+			}
+			a := bc.a()
+			for i := 0; b.Loop(); i++ {
+				a.Allocate("g", ms[i%16], qs, ms)
+			}
+		})
+	}
 }

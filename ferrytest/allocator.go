@@ -70,18 +70,18 @@ func (c allocCase) String() string {
 // some counts split over two topics, for 1..20 members.
 func (s *allocSuite) grid() []allocCase {
 	var out []allocCase
-	for nq := 0; nq <= 64; nq++ {
-		if s.short && nq > 16 && nq%7 != 0 {
+	for nm := 1; nm <= 20; nm++ {
+		if s.short && nm > 6 && nm%5 != 0 {
 			continue
 		}
-		split := nq%8 == 3 || nq == 64
-		for nm := 1; nm <= 20; nm++ {
-			if s.short && nm > 6 && nm%5 != 0 {
+		members := memberIDs(nm)
+		for nq := 0; nq <= 64; nq++ {
+			if s.short && nq > 16 && nq%7 != 0 {
 				continue
 			}
-			out = append(out, allocCase{"group-" + strconv.Itoa(nq%3), queueIDs(nq, 1), memberIDs(nm)})
-			if split {
-				out = append(out, allocCase{"group-x", queueIDs(nq, 2), memberIDs(nm)})
+			out = append(out, allocCase{"group-" + strconv.Itoa(nq%3), queueIDs(nq, 1), members})
+			if nq%8 == 3 || nq == 64 {
+				out = append(out, allocCase{"group-x", queueIDs(nq, 2), members})
 			}
 		}
 	}

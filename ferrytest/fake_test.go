@@ -284,3 +284,43 @@ func TestNewFakeBrokerPartialSendBatch(t *testing.T) {
 	_, err := fs.Topics(t.Context())
 	require.ErrorIs(t, err, ferry.ErrClosed, "the storage is closed with the test")
 }
+
+// TestNewFakeBrokerConsumerReadFault shows a consumer tested over the
+// fake: the first read fails, the consumer reports it, retries, and
+// every message still arrives.
+func TestNewFakeBrokerConsumerReadFault(t *testing.T) {
+	b, fs := ferrytest.NewFakeBroker(t)
+	ctx := t.Context()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "orders", Queues: 1}))
+	fs.OnRead(func(_ context.Context, call int, _ int64) error {
+		if call == 1 {
+			return errDisk
+		}
+		return nil
+	})
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	for _, body := range []string{"a", "b", "c"} {
+		_, err := p.Send(ctx, &ferry.Message{Topic: "orders", Body: []byte(body)})
+		require.NoError(t, err)
+	}
+
+	got := make(chan string, 3)
+	reported := make(chan error, 8)
+	c, err := b.NewConsumer("billing", "orders", ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
+		got <- string(m.Body)
+		return nil
+	}), ferry.WithOnError(func(err error) {
+		select {
+		case reported <- err:
+		default:
+		}
+	}))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+
+	require.ErrorIs(t, <-reported, errDisk, "the consumer reports the failed read")
+	assert.ElementsMatch(t, []string{"a", "b", "c"}, []string{<-got, <-got, <-got})
+}
