@@ -3,6 +3,7 @@ package ferry_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -132,11 +133,17 @@ func TestConsumerExactlyOnceStableGroup(t *testing.T) {
 	for i := range 3 {
 		cs = append(cs, startConsumer(t, b, "g", c.handler(), ferry.WithMemberID("m"+strconv.Itoa(i))))
 	}
-	require.Eventually(t, func() bool { return len(union(t, cs...)) == 8 }, 10*time.Second, time.Millisecond)
 	// AllocateAveragely over m0, m1, m2: {0,1,2}, {3,4,5}, {6,7}.
-	assert.Equal(t, []ferry.QueueID{{"t", 0}, {"t", 1}, {"t", 2}}, cs[0].Assigned())
-	assert.Equal(t, []ferry.QueueID{{"t", 3}, {"t", 4}, {"t", 5}}, cs[1].Assigned())
-	assert.Equal(t, []ferry.QueueID{{"t", 6}, {"t", 7}}, cs[2].Assigned())
+	want := [][]ferry.QueueID{{{"t", 0}, {"t", 1}, {"t", 2}}, {{"t", 3}, {"t", 4}, {"t", 5}}, {{"t", 6}, {"t", 7}}}
+	require.Eventually(t, func() bool {
+		union(t, cs...) // never a queue held twice, even mid-rebalance
+		for i, c := range cs {
+			if !slices.Equal(want[i], c.Assigned()) {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond)
 
 	produce(t, b, "t", "m", n, 1000)
 	c.waitAll(t)
