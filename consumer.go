@@ -23,6 +23,8 @@ type Handler interface {
 // HandlerFunc adapts a function to a [Handler].
 type HandlerFunc func(ctx context.Context, m *EnhancedMessage) error
 
+var _ Handler = HandlerFunc(nil)
+
 // Handle calls f(ctx, m).
 func (f HandlerFunc) Handle(ctx context.Context, m *EnhancedMessage) error { return f(ctx, m) }
 

@@ -1,0 +1,265 @@
+package ferry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxFetchBatch bounds the messages one Read fetches.
+const maxFetchBatch = 256
+
+// readErrorBackoff is the wait before a fetch retries after a read error
+// other than a reset (a disk error, say).
+const readErrorBackoff = time.Second
+
+// queueRun is the member's hold on one queue: lock, cursor, fetch loop,
+// buffer. It lives from the take to the release.
+type queueRun struct {
+	m     *groupMember
+	q     int
+	id    QueueID
+	queue Queue
+	owner string // lock token
+	buf   *Buffer
+
+	ctx    context.Context // fetch context; cancelled to release
+	cancel context.CancelFunc
+	// hctx is the context handlers run under; cancelled when the drain
+	// timeout gives up on them.
+	hctx    context.Context
+	hcancel context.CancelFunc
+	ready   chan struct{} // closed once the queue is taken (or the take gave up)
+	done    chan struct{} // closed when the run has released the queue
+
+	owned     atomic.Bool // lock held and cursor loaded
+	releasing atomic.Bool // no new takes from the buffer
+	finished  atomic.Bool // released: retries of its messages are dropped
+
+	inReady bool // guarded by m.sched.mu
+
+	commitMu  sync.Mutex // guards committed and released
+	committed int64
+	released  bool
+}
+
+func (m *groupMember) newRun(q int) *queueRun {
+	r := &queueRun{
+		m: m, q: q, id: m.ids[q], queue: m.t.queues[q],
+		owner: m.cfg.memberID + "#" + strconv.FormatInt(m.runSeq.Add(1), 10),
+		buf:   newBuffer(m.cfg.buffer),
+		ready: make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.hctx, r.hcancel = context.WithCancel(context.Background())
+	r.committed = -1
+	return r
+}
+
+// run takes the queue, fetches until released, then releases it.
+func (r *queueRun) run() {
+	m := r.m
+	defer m.wg.Done()
+	defer close(r.done)
+	defer r.hcancel()
+	readyOnce := sync.OnceFunc(func() { close(r.ready) })
+	defer readyOnce()
+	if err := m.coord.lock(r.ctx, m.key, r.q, r.owner); err != nil {
+		r.finished.Store(true)
+		return
+	}
+	defer m.coord.unlock(m.key, r.q, r.owner)
+	start, err := r.load()
+	if err != nil {
+		if r.ctx.Err() == nil {
+			m.report(err) // the queue stays locked and idle until a rebalance or Close
+		}
+		r.finished.Store(true)
+		<-r.ctx.Done()
+		return
+	}
+	r.buf.Reset(start)
+	r.owned.Store(true)
+	readyOnce()
+	r.fetch()
+	r.release()
+}
+
+// load reads the committed cursor, picks the start offset (WithStartFrom
+// without a cursor, a reset outside the retained range) and commits it.
+func (r *queueRun) load() (int64, error) {
+	m := r.m
+	offs, err := m.b.cursors.Load(r.ctx, m.topic, m.scope, len(m.ids))
+	if err != nil {
+		return 0, fmt.Errorf("ferry: take %s: %w", r.id, err)
+	}
+	m.b.groups.register(m.topic, m.scope, len(m.ids), offs)
+	cur := offs[r.q]
+	oldest, next := r.queue.Offsets()
+	start := cur
+	switch {
+	case cur < 0 && m.cfg.startFrom == Latest:
+		start = next
+	case cur < 0:
+		start = oldest
+	case cur < oldest || cur > next:
+		start = r.resetTo(cur)
+	}
+	if start != cur {
+		if err := m.b.cursors.Commit(r.ctx, m.topic, m.scope, r.q, start); err != nil {
+			return 0, fmt.Errorf("ferry: take %s: %w", r.id, err)
+		}
+	}
+	r.commitMu.Lock()
+	r.committed = start
+	r.commitMu.Unlock()
+	r.releaseBlocked(start)
+	return start, nil
+}
+
+// resetTo returns where a consumer at offset from, outside the retained
+// range, goes on, and reports the reset.
+func (r *queueRun) resetTo(from int64) int64 {
+	oldest, next := r.queue.Offsets()
+	to := oldest
+	if from > next {
+		to = next
+	}
+	m := r.m
+	m.b.log.Warn("ferry: cursor reset", "group", m.scope, "queue", r.id.String(), "from", from, "to", to)
+	if m.cfg.onReset != nil {
+		m.cfg.onReset(r.id, from, to)
+	}
+	return to
+}
+
+// fetch reads batches from the queue into the buffer until released.
+func (r *queueRun) fetch() {
+	m := r.m
+	scratch := make([]*EnhancedMessage, min(maxFetchBatch, max(1, r.buf.highMsgs)))
+	for {
+		next := r.buf.Next()
+		n, err := r.queue.Read(r.ctx, next, scratch)
+		if err != nil {
+			switch {
+			case r.ctx.Err() != nil:
+				return
+			case errors.Is(err, ErrOffsetOutOfRange):
+				to := r.resetTo(next)
+				if to < next {
+					r.buf.Reset(to)
+				} else {
+					r.buf.Advance(to)
+				}
+				m.markDirty()
+				continue
+			case errors.Is(err, ErrClosed):
+				<-r.ctx.Done() // the broker is closing; it closes us too
+				return
+			}
+			m.report(fmt.Errorf("ferry: fetch %s: %w", r.id, err))
+			t := time.NewTimer(readErrorBackoff)
+			select {
+			case <-t.C:
+			case <-r.ctx.Done():
+				t.Stop()
+				return
+			}
+			continue
+		}
+		batch := scratch[:n]
+		last := batch[n-1].Offset
+		if m.tags != nil {
+			kept := batch[:0]
+			for _, msg := range batch {
+				if _, ok := m.tags[msg.Tag]; ok {
+					kept = append(kept, msg)
+				}
+			}
+			batch = kept
+		}
+		for len(batch) > 0 {
+			k, err := r.buf.Put(r.ctx, batch)
+			if k > 0 {
+				m.sched.push(r)
+			}
+			if err != nil {
+				clear(scratch)
+				return // released while paused
+			}
+			batch = batch[k:]
+		}
+		r.buf.Advance(last + 1)
+		clear(scratch[:n])
+		m.markDirty()
+	}
+}
+
+// release stops takes, waits for the in-flight messages up to the drain
+// timeout, commits and marks the run finished. The caller unlocks.
+func (r *queueRun) release() {
+	m := r.m
+	r.releasing.Store(true)
+	r.buf.Close() // no take after this: the drain below is final
+	timeout := m.cfg.drainTimeout
+	if m.pull && m.closing() {
+		timeout = 0 // Commit is refused after Close: nothing in flight can finish
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	err := r.buf.WaitDrained(ctx)
+	cancel()
+	if err != nil && timeout > 0 {
+		st := r.buf.Stats()
+		m.b.log.Warn("ferry: drain timeout, abandoning in-flight messages", "group", m.scope,
+			"queue", r.id.String(), "in_flight", st.InFlight, "timeout", m.cfg.drainTimeout)
+	}
+	if err != nil {
+		r.hcancel()
+	}
+	if err := r.commit(true); err != nil {
+		m.report(err)
+	}
+	r.finished.Store(true)
+	r.owned.Store(false)
+}
+
+// commit stores the buffer's committable offset if it moved. final marks
+// the run released: no commit from it follows, so a slow committer cannot
+// move the cursor back after the next owner took the queue.
+func (r *queueRun) commit(final bool) error {
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	if r.released || !r.owned.Load() {
+		return nil
+	}
+	if final {
+		r.released = true
+	}
+	off := r.buf.Committable()
+	if off == r.committed {
+		return nil
+	}
+	m := r.m
+	if err := m.b.cursors.Commit(context.Background(), m.topic, m.scope, r.q, off); err != nil {
+		return fmt.Errorf("ferry: commit %s at %d: %w", r.id, off, err)
+	}
+	r.committed = off
+	r.releaseBlocked(off)
+	return nil
+}
+
+// releaseBlocked lets a Block queue drop what every group is done with.
+func (r *queueRun) releaseBlocked(off int64) {
+	m := r.m
+	if m.t.meta.Retention.Overflow != Block {
+		return
+	}
+	if rel, ok := r.queue.(Releaser); ok {
+		rel.Release(m.b.groups.committedTo(m.topic, m.scope, r.q, off))
+	}
+}
