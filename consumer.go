@@ -88,7 +88,8 @@ func (c *Consumer) Start(ctx context.Context) error {
 // up to the drain timeout (then cancels their context; unfinished
 // messages go to the next owner), commits, unlocks the queues and returns
 // once every goroutine the consumer started has returned, including
-// handlers that ignore their context. It is idempotent and returns nil.
+// handlers that ignore their context, so a handler must not call it. It
+// is idempotent and returns nil.
 func (c *Consumer) Close() error { return c.m.close() }
 
 // Assigned returns the queues the consumer holds now, sorted.
