@@ -3,6 +3,7 @@ package filestore
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"time"
 
@@ -25,14 +26,13 @@ func (q *queue) run() {
 		select {
 		case r := <-q.reqs:
 			q.pending = append(q.pending, r)
-		drain:
-			for len(q.pending) < 4096 {
-				select {
-				case r := <-q.reqs:
-					q.pending = append(q.pending, r)
-				default:
-					break drain
-				}
+			q.drain()
+			if q.cfg.sync.mode == syncAlways {
+				// Writers acknowledged by the last fdatasync are runnable
+				// but may not have queued their next write yet: yield once
+				// so that they join this group instead of the next.
+				runtime.Gosched()
+				q.drain()
 			}
 		case <-q.kick:
 		case <-age.C:
@@ -66,6 +66,21 @@ func (q *queue) run() {
 		q.armAge(age)
 	}
 }
+
+// drain takes the writes waiting to be queued, up to maxPending pending.
+func (q *queue) drain() {
+	for len(q.pending) < maxPending {
+		select {
+		case r := <-q.reqs:
+			q.pending = append(q.pending, r)
+		default:
+			return
+		}
+	}
+}
+
+// maxPending bounds the writes taken into one group.
+const maxPending = 4096
 
 // armAge sets the timer to the moment the oldest segment expires. It
 // leaves the timer off when that moment has passed: the segment is then
