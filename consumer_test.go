@@ -200,6 +200,7 @@ func TestConsumerOptionsValidation(t *testing.T) {
 		"span":        {ferry.WithMaxSpan(0)},
 		"retry":       {ferry.WithRetry(0, time.Second)},
 		"backoff":     {ferry.WithRetry(2, -time.Second)},
+		"max backoff": {ferry.WithMaxRetryBackoff(-time.Second)},
 		"drain":       {ferry.WithDrainTimeout(-1)},
 		"start":       {ferry.WithStartFrom(7)},
 		"tags":        {ferry.WithTags("")},

@@ -185,7 +185,10 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 
 // handleOrdered attempts msg until it succeeds or goes to the dead-letter
 // topic (true), waiting out the backoff in place so its queue waits; false
-// when the handlers' context ends first.
+// when the handlers' context ends first, or when the queue is being
+// released: a failed message is then left to the next owner rather than
+// retried (or dead-lettered) by a member giving the queue up, so a release
+// never waits out a backoff.
 func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage) bool {
 	m := d.m
 	for attempt := 1; ; attempt++ {
@@ -193,12 +196,18 @@ func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedM
 		if err == nil {
 			return true
 		}
+		if r.ctx.Err() != nil {
+			return false
+		}
 		if attempt >= m.cfg.maxAttempts || isPermanent(err) {
 			return d.deadLetter(r, msg, attempt, err)
 		}
-		t := time.NewTimer(backoff(m.cfg.backoff, attempt))
+		t := time.NewTimer(backoff(m.cfg.backoff, m.cfg.maxBackoff, attempt))
 		select {
 		case <-t.C:
+		case <-r.ctx.Done():
+			t.Stop()
+			return false
 		case <-r.hctx.Done():
 			t.Stop()
 			return false
@@ -222,7 +231,7 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 		r.buf.abandon(msg)
 		return false
 	}
-	d.schedule(&retryItem{r: r, msg: msg, attempt: attempt + 1, due: time.Now().Add(backoff(m.cfg.backoff, attempt))})
+	d.schedule(&retryItem{r: r, msg: msg, attempt: attempt + 1, due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, attempt))})
 	return false
 }
 
@@ -245,13 +254,13 @@ func isPermanent(err error) bool {
 }
 
 // backoff returns the wait before attempt+1: base doubled per attempt
-// after the first, capped at MaxRetryBackoff.
-func backoff(base time.Duration, attempt int) time.Duration {
+// after the first, capped at limit.
+func backoff(base, limit time.Duration, attempt int) time.Duration {
 	w := base
-	for i := 1; i < attempt && w < MaxRetryBackoff; i++ {
+	for i := 1; i < attempt && w < limit; i++ {
 		w *= 2
 	}
-	return min(w, MaxRetryBackoff)
+	return min(w, limit)
 }
 
 // deadLetter sends msg to the dead-letter topic, creating the topic (one

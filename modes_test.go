@@ -304,6 +304,67 @@ func TestConsumerOrderedRetryHoldsItsQueue(t *testing.T) {
 	assert.Equal(t, []string{"a#1", "a#2", "a#3", "b#1", "c#1"}, order)
 }
 
+// An ordered message that keeps failing holds its queue only while the
+// member owns it: Close (a release) abandons it at once instead of waiting
+// out the backoff and the drain timeout, and the next owner attempts it
+// again from its first attempt.
+func TestConsumerOrderedReleaseDoesNotWaitOutRetries(t *testing.T) {
+	b := newTopic(t, 1)
+	failing := make(chan int, 64)
+	h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		d, _ := ferry.DeliveryFrom(ctx)
+		select {
+		case failing <- d.Attempt:
+		default:
+		}
+		return errors.New("not yet")
+	})
+	c, err := b.NewConsumer("g", "t", h, ferry.Ordered(), ferry.WithConcurrency(1),
+		ferry.WithRetry(1000, time.Hour), ferry.WithDrainTimeout(2*time.Minute)) // longer than the watchdog
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	produce(t, b, "t", "x", 1, 1)
+	require.Equal(t, 1, <-failing)
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case err := <-closed: // neither the backoff nor the drain timeout was waited out
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("watchdog: Close waited out the retry backoff")
+	}
+
+	again := newTally(1)
+	startConsumer(t, b, "g", again.handler(), ferry.Ordered())
+	again.waitAll(t)
+	assert.Equal(t, 1, again.seen["x0"], "the failed message goes to the next owner")
+}
+
+// WithMaxRetryBackoff caps the doubling: with the cap equal to the first
+// backoff, every retry waits the same, so many retries of one ordered
+// message fit where a doubling backoff would take hours.
+func TestConsumerMaxRetryBackoffCapsTheWait(t *testing.T) {
+	const attempts = 40 // uncapped from 1ms, the 40th wait alone would be 2^39 ms
+	b := newTopic(t, 1)
+	done := make(chan struct{})
+	h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		d, _ := ferry.DeliveryFrom(ctx)
+		if d.Attempt < attempts {
+			return errors.New("again")
+		}
+		close(done)
+		return nil
+	})
+	startConsumer(t, b, "g", h, ferry.Ordered(), ferry.WithRetry(attempts, time.Millisecond),
+		ferry.WithMaxRetryBackoff(time.Millisecond))
+	produce(t, b, "t", "x", 1, 1)
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("watchdog: the retries did not keep a constant backoff")
+	}
+}
+
 func TestConsumerCloseDrainsInFlight(t *testing.T) {
 	cursors := ferry.NewMemoryCursorStore()
 	defer cursors.Close()

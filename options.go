@@ -37,7 +37,8 @@ const (
 	DefaultMaxAttempts  = 5
 	DefaultRetryBackoff = 100 * time.Millisecond
 	DefaultDrainTimeout = 10 * time.Second
-	// MaxRetryBackoff caps the growing wait between attempts.
+	// MaxRetryBackoff caps the growing wait between attempts by default
+	// (see WithMaxRetryBackoff).
 	MaxRetryBackoff = 30 * time.Second
 )
 
@@ -57,6 +58,7 @@ type consumerConfig struct {
 	tags         []string
 	maxAttempts  int
 	backoff      time.Duration
+	maxBackoff   time.Duration
 	deadLetter   string
 	drainTimeout time.Duration
 	onError      func(error)
@@ -136,13 +138,20 @@ func WithTags(tags ...string) ConsumerOption {
 
 // WithRetry sets how many times a message is attempted in all (at least
 // 1) and the wait before the first retry, which doubles on each later one
-// up to [MaxRetryBackoff] (push only). Default: [DefaultMaxAttempts] and
+// up to [MaxRetryBackoff] (see [WithMaxRetryBackoff]) (push only). Default: [DefaultMaxAttempts] and
 // [DefaultRetryBackoff].
 func WithRetry(maxAttempts int, backoff time.Duration) ConsumerOption {
 	return func(c *consumerConfig) {
 		c.maxAttempts, c.backoff = maxAttempts, backoff
 		c.push("WithRetry")
 	}
+}
+
+// WithMaxRetryBackoff caps the wait between attempts, which doubles from
+// the [WithRetry] backoff on each retry; a cap equal to that backoff makes
+// the wait constant (push only). Default: [MaxRetryBackoff].
+func WithMaxRetryBackoff(d time.Duration) ConsumerOption {
+	return func(c *consumerConfig) { c.maxBackoff = d; c.push("WithMaxRetryBackoff") }
 }
 
 // WithDeadLetter sets the topic failed messages go to (push only); it is
@@ -196,6 +205,7 @@ func newConsumerConfig(group, topic string, opts []ConsumerOption) (*consumerCon
 		concurrency:  DefaultConcurrency,
 		maxAttempts:  DefaultMaxAttempts,
 		backoff:      DefaultRetryBackoff,
+		maxBackoff:   MaxRetryBackoff,
 		drainTimeout: DefaultDrainTimeout,
 		buffer:       BufferConfig{}.withDefaults(),
 	}
@@ -228,6 +238,8 @@ func newConsumerConfig(group, topic string, opts []ConsumerOption) (*consumerCon
 		return nil, fmt.Errorf("%w: max attempts %d", ErrInvalidOption, c.maxAttempts)
 	case c.backoff < 0:
 		return nil, fmt.Errorf("%w: retry backoff %v", ErrInvalidOption, c.backoff)
+	case c.maxBackoff < 0:
+		return nil, fmt.Errorf("%w: max retry backoff %v", ErrInvalidOption, c.maxBackoff)
 	case c.drainTimeout < 0:
 		return nil, fmt.Errorf("%w: drain timeout %v", ErrInvalidOption, c.drainTimeout)
 	}

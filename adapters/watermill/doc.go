@@ -1,0 +1,53 @@
+// Package ferrywm makes a [ferry.Broker] a Watermill Pub/Sub: [Publisher]
+// implements [message.Publisher] and [Subscriber] implements
+// [message.Subscriber], so Watermill's Router, middleware and components
+// run over Ferry's topics, queues, consumer groups and (with package
+// filestore) persistence.
+//
+//	b, _ := ferry.NewBroker()
+//	pub, _ := ferrywm.NewPublisher(b, ferrywm.PublisherConfig{})
+//	sub, _ := ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{ConsumerGroup: "billing"})
+//	router.AddConsumerHandler("bill", "orders", sub, handle)
+//
+// # Topics
+//
+// A topic is created on its first Publish or Subscribe, with
+// [PublisherConfig.Queues] or [SubscriberConfig.Queues] queues (default
+// [DefaultQueues]) and the configured retention; an existing topic is used
+// as it is. Topics live in the broker, so messages published before anyone
+// subscribes are kept (within retention) and a new consumer group starts
+// from the oldest one ([ferry.Earliest], see [SubscriberConfig.StartFrom]).
+// Watermill topic names must be valid Ferry names ([ferry.ValidateTopicName]).
+//
+// # Messages
+//
+// A Watermill message becomes a [ferry.Message]: the payload is the body,
+// the metadata are the headers and the UUID travels in the header
+// [UUIDHeader]. The key, which picks the queue, comes from the metadata
+// field [PublisherConfig.KeyMetadata] (default [DefaultKeyMetadata]):
+// messages with the same key keep their order. Messages without a key are
+// spread round robin over the queues (Ferry's [ferry.KeyHashRouter]) and
+// have no order between them.
+//
+// # Delivery
+//
+// Each Subscribe call runs one [ferry.Consumer] in the subscriber's consumer
+// group, in [ferry.Ordered] mode, and hands its messages to the returned
+// channel one at a time: the next message comes only after the previous one
+// is acked or nacked, so a subscription has at most one unacked message and
+// sees each key in order. Ack finishes a message (its cursor moves on);
+// Nack delivers the same message again after Ferry's retry backoff
+// ([SubscriberConfig.RetryBackoff], doubling up to
+// [SubscriberConfig.MaxRetryBackoff]), until it is acked or, when
+// [SubscriberConfig.MaxAttempts] is set, goes to the group's dead-letter
+// topic. Subscriptions of the same group share the topic's queues, each
+// queue owned by one of them; delivery is at least once, so a message in
+// flight when its queue moves (a subscriber joining or leaving) can come
+// again.
+//
+// A message's context is cancelled after its Ack or Nack, when its
+// subscription ends and on Close. Cancelling the context given to Subscribe
+// ends that subscription and closes its channel; [Subscriber.Close] ends
+// every subscription and returns once their channels are closed. Neither
+// closes the broker, which the caller owns.
+package ferrywm

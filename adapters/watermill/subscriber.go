@@ -1,0 +1,292 @@
+package ferrywm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ferrymq/ferry"
+)
+
+// Subscriber defaults.
+const (
+	// DefaultRetryBackoff is the wait before a nacked message comes again.
+	DefaultRetryBackoff = 10 * time.Millisecond
+	// DefaultMaxRetryBackoff caps the wait as it doubles on every Nack of
+	// the same message (Watermill's Kafka subscriber waits 100ms).
+	DefaultMaxRetryBackoff = 100 * time.Millisecond
+)
+
+// SubscriberConfig configures a [Subscriber]. Zero fields take their
+// defaults.
+type SubscriberConfig struct {
+	// ConsumerGroup is the Ferry consumer group of every subscription:
+	// the subscriptions of a group, in this subscriber or others, share
+	// each message once. Empty gives each Subscribe call a group of its
+	// own ("watermill-<uuid>"), so it reads the whole topic; the cursors of
+	// such groups stay in the cursor store.
+	ConsumerGroup string
+	// Queues is the queue count of a topic Subscribe creates. Default
+	// [DefaultQueues].
+	Queues int
+	// Retention bounds each queue of a topic Subscribe creates.
+	Retention ferry.Retention
+	// StartFrom is where a group with no committed cursor starts. Default
+	// [ferry.Earliest]: messages published before the first Subscribe
+	// are delivered.
+	StartFrom ferry.StartFrom
+	// MaxAttempts bounds the deliveries of a message that keeps being
+	// nacked; after the last it goes to the group's dead-letter topic (see
+	// [ferry.WithDeadLetter], settable through ConsumerOptions). Default:
+	// unlimited, as Watermill expects a nacked message back until it is
+	// acked.
+	MaxAttempts int
+	// RetryBackoff is the wait before a nacked message comes again; it
+	// doubles on every Nack of the same message up to MaxRetryBackoff.
+	// Default [DefaultRetryBackoff].
+	RetryBackoff time.Duration
+	// MaxRetryBackoff caps the doubling wait. Default
+	// [DefaultMaxRetryBackoff].
+	MaxRetryBackoff time.Duration
+	// DrainTimeout bounds how long a queue moving to another member of the
+	// group (a subscriber joining or leaving) waits for the Ack of a
+	// message in flight; after it the message is delivered again by the
+	// queue's next owner. Default [ferry.DefaultDrainTimeout]. A
+	// subscription that ends does not wait: its unacked message goes to
+	// the next owner at once.
+	DrainTimeout time.Duration
+	// ConsumerOptions are passed to [ferry.Broker.NewConsumer] (a member
+	// ID, a dead-letter topic, an allocator, buffer sizes, WithOnError).
+	// They override the fields above, but not [ferry.Ordered] and
+	// [ferry.WithConcurrency](1), which the one-unacked-message contract
+	// needs and which always apply.
+	ConsumerOptions []ferry.ConsumerOption
+	// Logger logs subscriptions that end on an error. Default: none.
+	Logger watermill.LoggerAdapter
+}
+
+// Subscriber subscribes to a Ferry broker's topics for Watermill. It is
+// safe for concurrent use. Each Subscribe starts goroutines (those of a
+// [ferry.Consumer] and one that ends the subscription), which Close, or
+// the cancellation of the Subscribe context, stops and waits for.
+type Subscriber struct {
+	b      *ferry.Broker
+	cfg    SubscriberConfig
+	topics topicCache
+
+	mu     sync.Mutex // guards closed and subs
+	closed bool
+	subs   map[*subscription]struct{}
+}
+
+var _ message.Subscriber = (*Subscriber)(nil)
+
+// NewSubscriber returns a subscriber over b, which stays the caller's to
+// close. A nil broker or a value out of range is [ferry.ErrInvalidOption].
+func NewSubscriber(b *ferry.Broker, cfg SubscriberConfig) (*Subscriber, error) {
+	switch {
+	case b == nil:
+		return nil, fmt.Errorf("ferrywm: new subscriber: %w: nil broker", ferry.ErrInvalidOption)
+	case cfg.Queues < 0:
+		return nil, fmt.Errorf("ferrywm: new subscriber: %w: queues %d", ferry.ErrInvalidOption, cfg.Queues)
+	case cfg.MaxAttempts < 0:
+		return nil, fmt.Errorf("ferrywm: new subscriber: %w: max attempts %d", ferry.ErrInvalidOption, cfg.MaxAttempts)
+	case cfg.RetryBackoff < 0 || cfg.MaxRetryBackoff < 0 || cfg.DrainTimeout < 0:
+		return nil, fmt.Errorf("ferrywm: new subscriber: %w: negative duration", ferry.ErrInvalidOption)
+	}
+	if cfg.Queues == 0 {
+		cfg.Queues = DefaultQueues
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = math.MaxInt
+	}
+	if cfg.RetryBackoff == 0 {
+		cfg.RetryBackoff = DefaultRetryBackoff
+	}
+	if cfg.MaxRetryBackoff == 0 {
+		cfg.MaxRetryBackoff = max(DefaultMaxRetryBackoff, cfg.RetryBackoff)
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = ferry.DefaultDrainTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	if cfg.ConsumerGroup != "" {
+		// Check the group and options now rather than on every Subscribe.
+		c, err := b.NewConsumer(cfg.ConsumerGroup, "check", nopHandler, consumerOptions(cfg)...)
+		if err != nil {
+			return nil, fmt.Errorf("ferrywm: new subscriber: %w", err)
+		}
+		_ = c.Close() // never started: nothing to stop
+	}
+	return &Subscriber{b: b, cfg: cfg, subs: map[*subscription]struct{}{}}, nil
+}
+
+var nopHandler = ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error { return nil })
+
+func consumerOptions(cfg SubscriberConfig) []ferry.ConsumerOption {
+	opts := []ferry.ConsumerOption{
+		ferry.WithRetry(cfg.MaxAttempts, cfg.RetryBackoff),
+		ferry.WithMaxRetryBackoff(cfg.MaxRetryBackoff),
+		ferry.WithDrainTimeout(cfg.DrainTimeout),
+		ferry.WithStartFrom(cfg.StartFrom),
+	}
+	opts = append(opts, cfg.ConsumerOptions...)
+	return append(opts, ferry.Ordered(), ferry.WithConcurrency(1))
+}
+
+// Subscribe returns a channel of topic's messages for the subscriber's
+// consumer group, creating the topic on first use. The subscription joins
+// the group in the background; it ends, and the channel closes, when ctx
+// is cancelled or the subscriber closes. Every message must be acked or
+// nacked before the next one comes. After Close it returns an error
+// wrapping [ferry.ErrClosed].
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("ferrywm: subscribe to %q: %w", topic, ferry.ErrClosed)
+	}
+	if err := s.topics.ensure(ctx, s.b, ferry.TopicMeta{Name: topic, Queues: s.cfg.Queues, Retention: s.cfg.Retention}); err != nil {
+		return nil, fmt.Errorf("ferrywm: subscribe to %q: %w", topic, err)
+	}
+	group := s.cfg.ConsumerGroup
+	if group == "" {
+		group = "watermill-" + watermill.NewUUID()
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	sub := &subscription{
+		topic:  topic,
+		group:  group,
+		out:    make(chan *message.Message),
+		ctx:    sctx,
+		cancel: cancel,
+		done:   make(chan struct{}),
+		log:    s.cfg.Logger,
+	}
+	c, err := s.b.NewConsumer(group, topic, ferry.HandlerFunc(sub.handle), consumerOptions(s.cfg)...)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("ferrywm: subscribe to %q: %w", topic, err)
+	}
+	sub.c = c
+	s.subs[sub] = struct{}{}
+	go func() {
+		sub.run()
+		s.mu.Lock()
+		delete(s.subs, sub)
+		s.mu.Unlock()
+	}()
+	return sub.out, nil
+}
+
+// SubscribeInitialize creates topic unless it exists, as Watermill's
+// [message.SubscribeInitializer] asks.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	if err := s.topics.ensure(context.Background(), s.b, ferry.TopicMeta{Name: topic, Queues: s.cfg.Queues, Retention: s.cfg.Retention}); err != nil {
+		return fmt.Errorf("ferrywm: initialize %q: %w", topic, err)
+	}
+	return nil
+}
+
+var _ message.SubscribeInitializer = (*Subscriber)(nil)
+
+// Close ends every subscription (cancelling the context of the messages in
+// flight, which are delivered again to the group) and returns once their
+// consumers have left the group and their channels are closed. It is
+// idempotent, returns nil and leaves the broker open.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	subs := make([]*subscription, 0, len(s.subs))
+	for sub := range s.subs {
+		subs = append(subs, sub)
+	}
+	s.mu.Unlock()
+	for _, sub := range subs {
+		sub.cancel()
+	}
+	for _, sub := range subs {
+		<-sub.done
+	}
+	return nil
+}
+
+// errNacked is what the handler returns for a nacked message: Ferry
+// retries it after the backoff.
+var errNacked = errors.New("ferrywm: message nacked")
+
+// errStopped is what the handler returns when its subscription ends before
+// the message is acked: the consumer is closing and leaves the message to
+// the group's next owner of its queue.
+var errStopped = errors.New("ferrywm: subscription ended")
+
+// subscription is one Subscribe call: a consumer handing messages to out.
+type subscription struct {
+	topic, group string
+	c            *ferry.Consumer
+	out          chan *message.Message
+	ctx          context.Context // the Subscribe context; cancelled to end
+	cancel       context.CancelFunc
+	done         chan struct{} // closed once out is closed
+	log          watermill.LoggerAdapter
+}
+
+// run starts the consumer, waits for the end of the subscription, closes
+// the consumer and then the channel.
+func (sub *subscription) run() {
+	defer close(sub.done)
+	if err := sub.c.Start(sub.ctx); err != nil && sub.ctx.Err() == nil {
+		sub.log.Error("ferrywm: subscription failed", err, watermill.LogFields{"topic": sub.topic, "group": sub.group})
+		sub.cancel()
+	}
+	<-sub.ctx.Done()
+	_ = sub.c.Close() // handlers return at once: they watch sub.ctx
+	close(sub.out)
+}
+
+// handle hands one message to the subscription's channel and waits for
+// its Ack (nil) or Nack (an error: Ferry redelivers it). The consumer runs
+// one handler at a time, so a subscription has at most one message out.
+func (sub *subscription) handle(hctx context.Context, em *ferry.EnhancedMessage) error {
+	msg := unmarshal(em)
+	mctx, cancel := context.WithCancel(sub.ctx)
+	defer cancel() // after Ack or Nack, and when the subscription ends
+	msg.SetContext(mctx)
+	select {
+	case sub.out <- msg:
+	case <-sub.ctx.Done():
+		return errStopped
+	case <-hctx.Done():
+		return hctx.Err()
+	}
+	select {
+	case <-msg.Acked():
+		return nil
+	case <-msg.Nacked():
+		return errNacked
+	case <-sub.ctx.Done():
+		return errStopped
+	case <-hctx.Done(): // the queue moved on after the drain timeout
+		return hctx.Err()
+	}
+}
+
+// unmarshal turns a stored message into a fresh Watermill message. The
+// body is copied: the stored one is shared with every group.
+func unmarshal(em *ferry.EnhancedMessage) *message.Message {
+	md := make(message.Metadata, len(em.Headers))
+	maps.Copy(md, em.Headers)
+	uuid := md[UUIDHeader]
+	delete(md, UUIDHeader)
+	msg := message.NewMessage(uuid, append([]byte(nil), em.Body...))
+	msg.Metadata = md
+	return msg
+}
