@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -53,6 +54,10 @@ type QueueFactory func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queu
 //   - Concurrent: concurrent writers and readers; every batch lands
 //     contiguous at the offset Write returned, nothing is lost or
 //     duplicated, every reader sees the same log, Offsets never move back.
+//   - ConcurrentRetention: readers racing writers on a queue that keeps
+//     dropping its oldest messages (one of them reading offset 0 over and
+//     over) get messages in offset order or [ferry.ErrOffsetOutOfRange],
+//     never anything else, and catch up.
 //   - Close: Close twice returns nil; afterwards Write and Read return
 //     [ferry.ErrClosed] (as do TryWrite and Read at the next offset);
 //     ID still answers.
@@ -75,6 +80,7 @@ func TestQueue(t *testing.T, f Features, newQueue QueueFactory) {
 		run(t, f, "Block", qs.block)
 	}
 	run(t, f, "Concurrent", qs.concurrent)
+	run(t, f, "ConcurrentRetention", qs.concurrentRetention)
 	run(t, f, "Close", qs.close)
 	run(t, f, "CloseWakesReader", qs.closeWakesReader)
 }
@@ -703,6 +709,95 @@ func (s *queueSuite) concurrent(t *testing.T, w *watchdog) {
 				t.Fatalf("reader %d, offset %d: %s", i, off, d)
 			}
 		}
+	}
+}
+
+func (s *queueSuite) concurrentRetention(t *testing.T, w *watchdog) {
+	q := s.open(t, w, ferry.Retention{MaxMessages: 8})
+	const writers, writes, readers = 2, 150, 3
+	total := int64(0)
+	for j := range writes {
+		total += int64(1 + j%2)
+	}
+	total *= writers
+	ctx, cancel := context.WithCancel(w.ctx)
+	defer cancel()
+	errs := make([]error, writers+readers)
+	var wg, wwg sync.WaitGroup
+	for i := range writers {
+		wwg.Go(func() {
+			for j := range writes {
+				if _, err := q.Write(ctx, newMessages(i*1000+j*2, 1+j%2)); err != nil {
+					errs[i] = fmt.Errorf("writer %d: %w", i, err)
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	// A laggard keeps reading at 0 while the writers drop it.
+	writing := make(chan struct{})
+	var laggardErr error
+	wg.Go(func() {
+		dst := make([]*ferry.EnhancedMessage, 2)
+		for {
+			select {
+			case <-writing:
+				return
+			default:
+			}
+			n, err := q.Read(ctx, 0, dst)
+			switch {
+			case errors.Is(err, ferry.ErrOffsetOutOfRange):
+			case err != nil:
+				laggardErr = fmt.Errorf("laggard: Read at 0: %w", err)
+				cancel()
+				return
+			case dst[0] == nil || dst[0].Offset != 0:
+				laggardErr = fmt.Errorf("laggard: Read at 0 returned %d messages, the first at offset %v", n, offsetOf(dst[0]))
+				cancel()
+				return
+			}
+		}
+	})
+	for i := range readers {
+		wg.Go(func() {
+			dst := make([]*ferry.EnhancedMessage, 1+i)
+			for off := int64(0); off < total; {
+				n, err := q.Read(ctx, off, dst)
+				if errors.Is(err, ferry.ErrOffsetOutOfRange) {
+					oldest, _ := q.Offsets()
+					if oldest <= off {
+						errs[writers+i] = fmt.Errorf("reader %d: Read at %d: %w, yet the oldest offset is %d", i, off, err, oldest)
+						cancel()
+						return
+					}
+					off = oldest // fell behind: catch up
+					continue
+				}
+				if err != nil {
+					errs[writers+i] = fmt.Errorf("reader %d: Read at %d: %w", i, off, err)
+					cancel()
+					return
+				}
+				for _, m := range dst[:n] {
+					if m == nil || m.Offset != off {
+						errs[writers+i] = fmt.Errorf("reader %d: Read from %d returned offset %v where %d belongs", i, off-int64(slices.Index(dst, m)), offsetOf(m), off)
+						cancel()
+						return
+					}
+					off++
+				}
+			}
+		})
+	}
+	wwg.Wait()
+	close(writing)
+	wg.Wait()
+	must(t, errors.Join(append(errs, laggardErr)...), "reads racing retention")
+	oldest, next := q.Offsets()
+	if next != total || next-oldest < 8 || (s.f.RetentionExact && next-oldest != 8) {
+		t.Fatalf("Offsets() = %d, %d after %d messages with retention 8", oldest, next, total)
 	}
 }
 
