@@ -57,10 +57,14 @@
 //
 // # Seams
 //
-// Every moving part is a small interface with an in-memory default and a
-// conformance suite in package ferrytest: [Queue] and [Storage] (where
-// messages live), [Router], [CursorStore]. Package ferrytest also holds a
-// fault-injecting fake queue for testing code that publishes.
+// Every moving part is a small interface with an in-memory default:
+// [Queue] and [Storage] (where messages live), [Router] (which queue a
+// message goes to), [Allocator] (which queues a group member owns) and
+// [CursorStore] (where group progress persists). Package ferrytest holds
+// the conformance suites every implementation runs (TestQueue,
+// TestStorage, TestCursorStore, TestAllocator) and fault-injecting fakes
+// for testing code that publishes or consumes; package filestore keeps
+// queues and cursors on disk.
 //
 // # Errors
 //
