@@ -20,9 +20,9 @@ type Row struct {
 	OK  int
 	Err error
 	// Msgs is the messages per run.
-	Msgs                   int
+	Msgs                              int
 	Rate, NsPerMsg, CPUPerMsg, Allocs float64
-	P50, P99, P999         time.Duration
+	P50, P99, P999                    time.Duration
 	// VsRef is the median over runs of this case's figure over the
 	// reference Ferry case's in the same run: throughput in workloads 1–3
 	// and 5, p99 latency in workload 4. NaN where there is none.
