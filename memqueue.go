@@ -24,10 +24,11 @@ type MemoryQueue struct {
 
 	mu       sync.Mutex // guards every field below
 	msgs     []*EnhancedMessage
-	head     int   // msgs[head:] are retained
-	base     int64 // offset of msgs[head]
-	bytes    int64 // sum of Size over msgs[head:]
-	released int64 // Block: offsets below may be dropped
+	sizes    []int64 // sizes[i] is msgs[i].Size(): trimming reads it, not the (cold) message
+	head     int     // msgs[head:] are retained
+	base     int64   // offset of msgs[head]
+	bytes    int64   // sum of Size over msgs[head:]
+	released int64   // Block: offsets below may be dropped
 	readers  []chan struct{}
 	space    chan struct{} // closed when room may have appeared
 	closed   bool
@@ -112,17 +113,19 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		q.mu.Unlock()
 		return first, nil
 	}
+	if q.head > 0 && q.head >= len(q.msgs)/2 && len(q.msgs)+len(msgs) > cap(q.msgs) {
+		// Reuse the dropped front instead of growing.
+		live := copy(q.msgs, q.msgs[q.head:])
+		copy(q.sizes, q.sizes[q.head:])
+		clear(q.msgs[live:])
+		q.msgs, q.sizes = q.msgs[:live], q.sizes[:live]
+		q.head = 0
+	}
 	for i, m := range msgs {
 		m.Queue = q.id.Queue
 		m.Offset = first + int64(i)
 		m.StoreTime = now
-	}
-	if q.head > 0 && q.head >= len(q.msgs)/2 && len(q.msgs)+len(msgs) > cap(q.msgs) {
-		// Reuse the dropped front instead of growing.
-		live := copy(q.msgs, q.msgs[q.head:])
-		clear(q.msgs[live:])
-		q.msgs = q.msgs[:live]
-		q.head = 0
+		q.sizes = append(q.sizes, int64(m.Size()))
 	}
 	q.msgs = append(q.msgs, msgs...)
 	q.bytes += size
@@ -149,21 +152,22 @@ func (q *MemoryQueue) trim(now time.Time, n, size int64) {
 		if q.ret.MaxAge <= 0 && q.fits(n, size) {
 			return // nothing to drop; the oldest message (likely out of cache) stays untouched
 		}
-		m := q.msgs[q.head]
-		if q.ret.Overflow == Block && m.Offset >= q.released {
+		if q.ret.Overflow == Block && q.base >= q.released { // q.base is the oldest's offset
 			return
 		}
-		old := q.ret.MaxAge > 0 && now.Sub(m.StoreTime) > q.ret.MaxAge
-		if !old && q.fits(n, size) {
-			return
+		if q.ret.MaxAge > 0 {
+			old := now.Sub(q.msgs[q.head].StoreTime) > q.ret.MaxAge
+			if !old && q.fits(n, size) {
+				return
+			}
 		}
 		q.msgs[q.head] = nil
+		q.bytes -= q.sizes[q.head]
 		q.head++
 		q.base++
-		q.bytes -= int64(m.Size())
 	}
-	// Empty: start the slice over.
-	q.msgs = q.msgs[:0]
+	// Empty: start the slices over.
+	q.msgs, q.sizes = q.msgs[:0], q.sizes[:0]
 	q.head = 0
 }
 
@@ -274,7 +278,7 @@ func (q *MemoryQueue) Close() error {
 	q.closed = true
 	q.base += int64(len(q.msgs) - q.head)
 	clear(q.msgs)
-	q.msgs, q.head, q.bytes = nil, 0, 0
+	q.msgs, q.sizes, q.head, q.bytes = nil, nil, 0, 0
 	q.wakeReaders()
 	q.wakeWriters()
 	return nil

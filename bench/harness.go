@@ -184,6 +184,10 @@ func (s *sink) pace(ctx context.Context, n int, send func(i int) error) error {
 type Sample struct {
 	Msgs    int
 	Elapsed time.Duration
+	// CPU is the CPU time the whole process used meanwhile (every
+	// goroutine, the GC, embedded servers): unlike Elapsed it hardly
+	// depends on other load on the machine. Zero where unknown.
+	CPU     time.Duration
 	Mallocs uint64
 	// P50, P99 and P999 are set in the latency workload only.
 	P50, P99, P999 time.Duration
@@ -194,6 +198,9 @@ func (s Sample) Rate() float64 { return float64(s.Msgs) / s.Elapsed.Seconds() }
 
 // NsPerMsg returns nanoseconds of wall time per message.
 func (s Sample) NsPerMsg() float64 { return float64(s.Elapsed.Nanoseconds()) / float64(s.Msgs) }
+
+// CPUPerMsg returns nanoseconds of process CPU time per message.
+func (s Sample) CPUPerMsg() float64 { return float64(s.CPU.Nanoseconds()) / float64(s.Msgs) }
 
 // AllocsPerMsg returns heap allocations per message, counted over the
 // whole process while the case ran.
@@ -250,14 +257,14 @@ func measure(ctx context.Context, c Case, s Sizes) (Sample, error) {
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
-	start := time.Now()
+	cpu0, start := cpuTime(), time.Now()
 	err = t.run(ctx)
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), cpuTime()-cpu0
 	runtime.ReadMemStats(&m1)
 	if err := finish(c, e, t, err); err != nil {
 		return Sample{}, err
 	}
-	smp := Sample{Msgs: e.n, Elapsed: elapsed, Mallocs: m1.Mallocs - m0.Mallocs}
+	smp := Sample{Msgs: e.n, Elapsed: elapsed, CPU: cpu, Mallocs: m1.Mallocs - m0.Mallocs}
 	if lat := e.sink.lat; lat != nil {
 		lat = lat[latencyWarmup(e.n):]
 		slices.Sort(lat)
@@ -336,8 +343,8 @@ func Run(ctx context.Context, s Sizes, opts Options, progress io.Writer) (*Repor
 				fmt.Fprintf(progress, "run %d/%d  w%d %-28s FAILED: %v\n", r+1, opts.Runs, res.Workload, res.Name, err)
 				continue
 			}
-			fmt.Fprintf(progress, "run %d/%d  w%d %-28s %12.0f msgs/s %9.1f ns/msg %6.2f allocs/msg\n",
-				r+1, opts.Runs, res.Workload, res.Name, smp.Rate(), smp.NsPerMsg(), smp.AllocsPerMsg())
+			fmt.Fprintf(progress, "run %d/%d  w%d %-32s %11.0f msgs/s %9.1f ns/msg %9.1f cpu ns/msg %6.2f allocs/msg\n",
+				r+1, opts.Runs, res.Workload, res.Name, smp.Rate(), smp.NsPerMsg(), smp.CPUPerMsg(), smp.AllocsPerMsg())
 		}
 	}
 	rep.Took = time.Since(rep.Started)

@@ -20,9 +20,9 @@ type Row struct {
 	OK  int
 	Err error
 	// Msgs is the messages per run.
-	Msgs                   int
-	Rate, NsPerMsg, Allocs float64
-	P50, P99, P999         time.Duration
+	Msgs                              int
+	Rate, NsPerMsg, CPUPerMsg, Allocs float64
+	P50, P99, P999                    time.Duration
 	// VsRef is the median over runs of this case's figure over the
 	// reference Ferry case's in the same run: throughput in workloads 1–3
 	// and 5, p99 latency in workload 4. NaN where there is none.
@@ -53,7 +53,7 @@ func (r *Report) Rows() []Row {
 	var rows []Row
 	for _, res := range r.Results {
 		row := Row{Workload: res.Workload, Name: res.Name, Ref: res.Ref, VsRef: math.NaN()}
-		var rate, ns, allocs, p50, p99, p999 []float64
+		var rate, ns, cpu, allocs, p50, p99, p999 []float64
 		for i, s := range res.Samples {
 			if res.Errs[i] != nil {
 				row.Err = cmpOr(row.Err, res.Errs[i])
@@ -63,12 +63,13 @@ func (r *Report) Rows() []Row {
 			row.Msgs = s.Msgs
 			rate = append(rate, s.Rate())
 			ns = append(ns, s.NsPerMsg())
+			cpu = append(cpu, s.CPUPerMsg())
 			allocs = append(allocs, s.AllocsPerMsg())
 			p50 = append(p50, float64(s.P50))
 			p99 = append(p99, float64(s.P99))
 			p999 = append(p999, float64(s.P999))
 		}
-		row.Rate, row.NsPerMsg, row.Allocs = median(rate), median(ns), median(allocs)
+		row.Rate, row.NsPerMsg, row.CPUPerMsg, row.Allocs = median(rate), median(ns), median(cpu), median(allocs)
 		row.P50, row.P99, row.P999 = time.Duration(median(p50)), time.Duration(median(p99)), time.Duration(median(p999))
 		if ref := r.ref(res.Workload); ref != nil {
 			metric := Sample.Rate
@@ -213,7 +214,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 				vs = fmt.Sprintf("%.3g×", row.VsRef)
 			}
 			if row.OK == 0 {
-				tab = append(tab, []string{row.Name, "failed: " + firstLine(row.Err), "", "", "", "", "", "", ""})
+				tab = append(tab, []string{row.Name, "failed: " + firstLine(row.Err), "", "", "", "", "", "", "", ""})
 				continue
 			}
 			name := row.Name
@@ -224,7 +225,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 			if wl == 4 {
 				lat = []string{micros(row.P50), micros(row.P99), micros(row.P999)}
 			}
-			tab = append(tab, append([]string{name, group(float64(row.Msgs)), group(row.Rate), fmt.Sprintf("%.0f", row.NsPerMsg), fmt.Sprintf("%.2f", row.Allocs)}, append(lat, vs)...))
+			tab = append(tab, append([]string{name, group(float64(row.Msgs)), group(row.Rate), fmt.Sprintf("%.0f", row.NsPerMsg), fmt.Sprintf("%.0f", row.CPUPerMsg), fmt.Sprintf("%.2f", row.Allocs)}, append(lat, vs)...))
 		}
 		if len(tab) == 0 {
 			continue
@@ -234,7 +235,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 			vsHead = "p99 vs ferry"
 		}
 		fmt.Fprintf(&b, "\nWorkload %d: %s\n\n", wl, WorkloadTitle(wl, r.Sizes))
-		writeMarkdown(&b, []string{"system", "msgs", "msgs/s", "ns/msg", "allocs/msg", "p50 µs", "p99 µs", "p999 µs", vsHead}, tab)
+		writeMarkdown(&b, []string{"system", "msgs", "msgs/s", "ns/msg", "cpu ns/msg", "allocs/msg", "p50 µs", "p99 µs", "p999 µs", vsHead}, tab)
 	}
 	if ts := r.Targets(); len(ts) > 0 {
 		fmt.Fprintf(&b, "\nTargets (ratios within each run, median over runs)\n\n")
