@@ -245,3 +245,35 @@ func TestBadInput(t *testing.T) {
 	require.ErrorIs(t, err, ferry.ErrInvalidTopic)
 	assert.Empty(t, b.Topics(), "bad input creates nothing")
 }
+
+// A message acked just before its subscription ends is finished, never
+// delivered again: the end of the subscription must not win a race
+// against the Ack.
+func TestAckRightBeforeCloseIsKept(t *testing.T) {
+	b := memoryBroker(t)
+	pub, err := ferrywm.NewPublisher(b, ferrywm.PublisherConfig{Queues: 1})
+	require.NoError(t, err)
+	defer pub.Close()
+	for i := range 100 {
+		acked := message.NewMessage(watermill.NewUUID(), []byte("acked"))
+		next := message.NewMessage(watermill.NewUUID(), []byte("next"))
+		require.NoError(t, pub.Publish("t", acked, next))
+		sub, err := ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{ConsumerGroup: "g"})
+		require.NoError(t, err)
+		ch, err := sub.Subscribe(context.Background(), "t")
+		require.NoError(t, err)
+		msg := receive(t, ch)
+		require.Equal(t, acked.UUID, msg.UUID, "round %d", i)
+		msg.Ack()
+		require.NoError(t, sub.Close())
+
+		sub, err = ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{ConsumerGroup: "g"})
+		require.NoError(t, err)
+		ch, err = sub.Subscribe(context.Background(), "t")
+		require.NoError(t, err)
+		msg = receive(t, ch)
+		require.Equal(t, next.UUID, msg.UUID, "round %d: the acked message came again", i)
+		msg.Ack()
+		require.NoError(t, sub.Close())
+	}
+}

@@ -260,6 +260,9 @@ func (sub *subscription) handle(hctx context.Context, em *ferry.EnhancedMessage)
 	mctx, cancel := context.WithCancel(sub.ctx)
 	defer cancel() // after Ack or Nack, and when the subscription ends
 	msg.SetContext(mctx)
+	if sub.ctx.Err() != nil {
+		return errStopped // ending: hand out nothing more
+	}
 	select {
 	case sub.out <- msg:
 	case <-sub.ctx.Done():
@@ -273,9 +276,23 @@ func (sub *subscription) handle(hctx context.Context, em *ferry.EnhancedMessage)
 	case <-msg.Nacked():
 		return errNacked
 	case <-sub.ctx.Done():
-		return errStopped
+		return settled(msg, errStopped)
 	case <-hctx.Done(): // the queue moved on after the drain timeout
-		return hctx.Err()
+		return settled(msg, hctx.Err())
+	}
+}
+
+// settled returns what msg's Ack or Nack says if either came (a select
+// picks at random among ready cases, so an Ack may race the end of the
+// subscription, and an acked message must not come again), else err.
+func settled(msg *message.Message, err error) error {
+	select {
+	case <-msg.Acked():
+		return nil
+	case <-msg.Nacked():
+		return errNacked
+	default:
+		return err
 	}
 }
 
