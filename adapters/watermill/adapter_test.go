@@ -233,6 +233,7 @@ func TestBadInput(t *testing.T) {
 		"backoff":  {RetryBackoff: -time.Second},
 		"drain":    {DrainTimeout: -time.Second},
 		"group":    {ConsumerGroup: string(make([]byte, 300))},
+		"options":  {ConsumerOptions: []ferry.ConsumerOption{ferry.WithBuffer(0, 0)}},
 	} {
 		_, err := ferrywm.NewSubscriber(b, cfg)
 		require.ErrorIs(t, err, ferry.ErrInvalidOption, name)

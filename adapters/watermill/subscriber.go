@@ -39,7 +39,9 @@ type SubscriberConfig struct {
 	Retention ferry.Retention
 	// StartFrom is where a group with no committed cursor starts. Default
 	// [ferry.Earliest]: messages published before the first Subscribe
-	// are delivered.
+	// are delivered. With [ferry.Latest] a group starts where each queue
+	// ends when its subscription takes it, which is after Subscribe
+	// returns: messages published in between are skipped.
 	StartFrom ferry.StartFrom
 	// MaxAttempts bounds the deliveries of a message that keeps being
 	// nacked; after the last it goes to the group's dead-letter topic (see
@@ -118,14 +120,16 @@ func NewSubscriber(b *ferry.Broker, cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
-	if cfg.ConsumerGroup != "" {
-		// Check the group and options now rather than on every Subscribe.
-		c, err := b.NewConsumer(cfg.ConsumerGroup, "check", nopHandler, consumerOptions(cfg)...)
-		if err != nil {
-			return nil, fmt.Errorf("ferrywm: new subscriber: %w", err)
-		}
-		_ = c.Close() // never started: nothing to stop
+	// Check the group and the options now rather than on every Subscribe.
+	group := cfg.ConsumerGroup
+	if group == "" {
+		group = "watermill-check"
 	}
+	c, err := b.NewConsumer(group, "check", nopHandler, consumerOptions(cfg)...)
+	if err != nil {
+		return nil, fmt.Errorf("ferrywm: new subscriber: %w", err)
+	}
+	_ = c.Close() // never started: nothing to stop
 	return &Subscriber{b: b, cfg: cfg, subs: map[*subscription]struct{}{}}, nil
 }
 
