@@ -233,6 +233,7 @@ func TestBadInput(t *testing.T) {
 		"backoff":  {RetryBackoff: -time.Second},
 		"drain":    {DrainTimeout: -time.Second},
 		"group":    {ConsumerGroup: string(make([]byte, 300))},
+		"options":  {ConsumerOptions: []ferry.ConsumerOption{ferry.WithBuffer(0, 0)}},
 	} {
 		_, err := ferrywm.NewSubscriber(b, cfg)
 		require.ErrorIs(t, err, ferry.ErrInvalidOption, name)
@@ -244,4 +245,36 @@ func TestBadInput(t *testing.T) {
 	_, err = sub.Subscribe(context.Background(), "bad/topic")
 	require.ErrorIs(t, err, ferry.ErrInvalidTopic)
 	assert.Empty(t, b.Topics(), "bad input creates nothing")
+}
+
+// A message acked just before its subscription ends is finished, never
+// delivered again: the end of the subscription must not win a race
+// against the Ack.
+func TestAckRightBeforeCloseIsKept(t *testing.T) {
+	b := memoryBroker(t)
+	pub, err := ferrywm.NewPublisher(b, ferrywm.PublisherConfig{Queues: 1})
+	require.NoError(t, err)
+	defer pub.Close()
+	for i := range 100 {
+		acked := message.NewMessage(watermill.NewUUID(), []byte("acked"))
+		next := message.NewMessage(watermill.NewUUID(), []byte("next"))
+		require.NoError(t, pub.Publish("t", acked, next))
+		sub, err := ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{ConsumerGroup: "g"})
+		require.NoError(t, err)
+		ch, err := sub.Subscribe(context.Background(), "t")
+		require.NoError(t, err)
+		msg := receive(t, ch)
+		require.Equal(t, acked.UUID, msg.UUID, "round %d", i)
+		msg.Ack()
+		require.NoError(t, sub.Close())
+
+		sub, err = ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{ConsumerGroup: "g"})
+		require.NoError(t, err)
+		ch, err = sub.Subscribe(context.Background(), "t")
+		require.NoError(t, err)
+		msg = receive(t, ch)
+		require.Equal(t, next.UUID, msg.UUID, "round %d: the acked message came again", i)
+		msg.Ack()
+		require.NoError(t, sub.Close())
+	}
 }

@@ -39,7 +39,9 @@ type SubscriberConfig struct {
 	Retention ferry.Retention
 	// StartFrom is where a group with no committed cursor starts. Default
 	// [ferry.Earliest]: messages published before the first Subscribe
-	// are delivered.
+	// are delivered. With [ferry.Latest] a group starts where each queue
+	// ends when its subscription takes it, which is after Subscribe
+	// returns: messages published in between are skipped.
 	StartFrom ferry.StartFrom
 	// MaxAttempts bounds the deliveries of a message that keeps being
 	// nacked; after the last it goes to the group's dead-letter topic (see
@@ -118,14 +120,16 @@ func NewSubscriber(b *ferry.Broker, cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
-	if cfg.ConsumerGroup != "" {
-		// Check the group and options now rather than on every Subscribe.
-		c, err := b.NewConsumer(cfg.ConsumerGroup, "check", nopHandler, consumerOptions(cfg)...)
-		if err != nil {
-			return nil, fmt.Errorf("ferrywm: new subscriber: %w", err)
-		}
-		_ = c.Close() // never started: nothing to stop
+	// Check the group and the options now rather than on every Subscribe.
+	group := cfg.ConsumerGroup
+	if group == "" {
+		group = "watermill-check"
 	}
+	c, err := b.NewConsumer(group, "check", nopHandler, consumerOptions(cfg)...)
+	if err != nil {
+		return nil, fmt.Errorf("ferrywm: new subscriber: %w", err)
+	}
+	_ = c.Close() // never started: nothing to stop
 	return &Subscriber{b: b, cfg: cfg, subs: map[*subscription]struct{}{}}, nil
 }
 
@@ -260,6 +264,9 @@ func (sub *subscription) handle(hctx context.Context, em *ferry.EnhancedMessage)
 	mctx, cancel := context.WithCancel(sub.ctx)
 	defer cancel() // after Ack or Nack, and when the subscription ends
 	msg.SetContext(mctx)
+	if sub.ctx.Err() != nil {
+		return errStopped // ending: hand out nothing more
+	}
 	select {
 	case sub.out <- msg:
 	case <-sub.ctx.Done():
@@ -273,9 +280,23 @@ func (sub *subscription) handle(hctx context.Context, em *ferry.EnhancedMessage)
 	case <-msg.Nacked():
 		return errNacked
 	case <-sub.ctx.Done():
-		return errStopped
+		return settled(msg, errStopped)
 	case <-hctx.Done(): // the queue moved on after the drain timeout
-		return hctx.Err()
+		return settled(msg, hctx.Err())
+	}
+}
+
+// settled returns what msg's Ack or Nack says if either came (a select
+// picks at random among ready cases, so an Ack may race the end of the
+// subscription, and an acked message must not come again), else err.
+func settled(msg *message.Message, err error) error {
+	select {
+	case <-msg.Acked():
+		return nil
+	case <-msg.Nacked():
+		return errNacked
+	default:
+		return err
 	}
 }
 
