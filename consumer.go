@@ -78,6 +78,7 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 func (c *Consumer) Start(ctx context.Context) error {
 	return c.m.start(ctx, "start consumer", func() {
 		d := newDeliverer(c.m, c.h)
+		c.m.dropRetries = d.dropRetries
 		c.m.wg.Add(c.m.cfg.concurrency + 1)
 		for range c.m.cfg.concurrency {
 			go d.work()

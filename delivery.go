@@ -310,15 +310,42 @@ func (d *deliverer) dlqProducer(ctx context.Context) (*Producer, error) {
 	return p, nil
 }
 
-// schedule queues a retry for its due time.
+// schedule queues a retry for its due time, or abandons the message when
+// its queue is being released: the next owner attempts it again, so a
+// release never waits out a backoff.
 func (d *deliverer) schedule(it *retryItem) {
 	d.mu.Lock()
+	if it.r.releasing.Load() {
+		d.mu.Unlock()
+		it.r.buf.abandon(it.msg)
+		return
+	}
 	heap.Push(&d.delayed, it)
 	d.mu.Unlock()
 	select {
 	case d.retryWake <- struct{}{}:
 	default:
 	}
+}
+
+// dropRetries abandons the retries waiting for r, which is being released
+// (r.releasing is set): their messages stay unfinished for the next owner.
+func (d *deliverer) dropRetries(r *queueRun) {
+	d.mu.Lock()
+	var dropped []*EnhancedMessage
+	kept := d.delayed[:0]
+	for _, it := range d.delayed {
+		if it.r == r {
+			dropped = append(dropped, it.msg)
+		} else {
+			kept = append(kept, it)
+		}
+	}
+	clear(d.delayed[len(kept):])
+	d.delayed = kept
+	heap.Init(&d.delayed)
+	d.mu.Unlock()
+	r.buf.abandon(dropped...)
 }
 
 // retryLoop hands retries to the workers when they are due, until the

@@ -42,6 +42,9 @@ type groupMember struct {
 
 	closeOnce sync.Once
 	pull      bool // a PullConsumer's: Close does not wait for polled messages
+	// dropRetries, set by a push consumer before it starts, abandons the
+	// retries waiting for a queue being released.
+	dropRetries func(r *queueRun)
 }
 
 // closing reports whether close has begun.
@@ -117,12 +120,12 @@ func (m *groupMember) start(ctx context.Context, op string, spawn func()) error 
 		return fmt.Errorf("ferry: %s: %w", op, err)
 	}
 	m.state = memberStarted
+	if spawn != nil {
+		spawn() // before the loop, which may release queues at once
+	}
 	m.wg.Add(2)
 	go m.loop()
 	go m.committer()
-	if spawn != nil {
-		spawn()
-	}
 	m.mu.Unlock()
 
 	var runs []*queueRun

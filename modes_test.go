@@ -340,6 +340,43 @@ func TestConsumerOrderedReleaseDoesNotWaitOutRetries(t *testing.T) {
 	assert.Equal(t, 1, again.seen["x0"], "the failed message goes to the next owner")
 }
 
+// The same holds in concurrent mode: a message waiting out its retry
+// backoff does not hold a release (Close or rebalance) until the drain
+// timeout; it is left to the next owner, which attempts it again.
+func TestConsumerConcurrentReleaseDoesNotWaitOutRetries(t *testing.T) {
+	b := newTopic(t, 2)
+	failing := make(chan int, 64)
+	h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		d, _ := ferry.DeliveryFrom(ctx)
+		select {
+		case failing <- d.Attempt:
+		default:
+		}
+		return errors.New("not yet")
+	})
+	c, err := b.NewConsumer("g", "t", h, ferry.WithConcurrency(4),
+		ferry.WithRetry(1000, time.Hour), ferry.WithDrainTimeout(2*time.Minute)) // longer than the watchdog
+	require.NoError(t, err)
+	require.NoError(t, c.Start(context.Background()))
+	produce(t, b, "t", "x", 2, 1)
+	require.Equal(t, 1, <-failing)
+	require.Equal(t, 1, <-failing)
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case err := <-closed: // neither the backoff nor the drain timeout was waited out
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("watchdog: Close waited out the retry backoff")
+	}
+
+	again := newTally(2)
+	startConsumer(t, b, "g", again.handler())
+	again.waitAll(t)
+	assert.Equal(t, 1, again.seen["x0"], "the failed messages go to the next owner")
+	assert.Equal(t, 1, again.seen["x1"])
+}
+
 // WithMaxRetryBackoff caps the doubling: with the cap equal to the first
 // backoff, every retry waits the same, so many retries of one ordered
 // message fit where a doubling backoff would take hours.

@@ -206,6 +206,9 @@ func (r *queueRun) release() {
 	m := r.m
 	r.releasing.Store(true)
 	r.buf.Close() // no take after this: the drain below is final
+	if m.dropRetries != nil {
+		m.dropRetries(r) // a retry's backoff must not hold the release
+	}
 	timeout := m.cfg.drainTimeout
 	if m.pull && m.closing() {
 		timeout = 0 // Commit is refused after Close: nothing in flight can finish
