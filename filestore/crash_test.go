@@ -24,7 +24,8 @@ import (
 // message; the parent kills it with SIGKILL after a random number of
 // acknowledgements, reopens the store and checks that every acknowledged
 // message is there, intact, in order, at contiguous offsets, and that the
-// cursor is at least the last one acknowledged.
+// cursor is at least the last one acknowledged (-1, none, until one is;
+// the first kill lands at once, before any can be).
 
 const crashChildEnv = "FILESTORE_CRASH_CHILD"
 
@@ -95,10 +96,13 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	dir := t.TempDir()
 	acked := map[int64]string{}
-	var cursor int64
+	cursor := int64(-1) // the highest acknowledged cursor; -1 (none) until the child reports one
 	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 7))
 	for k := range kills {
 		target := rng.IntN(400) // 0: kill at once, maybe during recovery
+		if k == 0 {
+			target = 0 // at once, before the child can acknowledge a cursor
+		}
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
 		stdout, err := cmd.StdoutPipe()
