@@ -43,9 +43,10 @@ type Consumer struct {
 
 // NewConsumer returns a push consumer for topic in group, handling
 // messages with h. It does nothing until [Consumer.Start]. An empty or
-// too long group, an invalid topic name, a nil handler or an option value
-// out of range is [ErrInvalidOption] (or [ErrInvalidTopic]), and so is a
-// group that makes the default dead-letter topic name "%DLQ%<group>"
+// too long group, a group or member ID containing '@' (reserved for
+// broadcast cursors), an invalid topic name, a nil handler or an option
+// value out of range is [ErrInvalidOption] (or [ErrInvalidTopic]), and so
+// is a group that makes the default dead-letter topic name "%DLQ%<group>"
 // invalid (see [ValidateTopicName]) without [WithDeadLetter]; after the
 // broker's Close it is [ErrClosed].
 func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOption) (*Consumer, error) {

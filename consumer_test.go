@@ -202,6 +202,7 @@ func TestConsumerOptionsValidation(t *testing.T) {
 		"backoff":     {ferry.WithRetry(2, -time.Second)},
 		"max backoff": {ferry.WithMaxRetryBackoff(-time.Second)},
 		"drain":       {ferry.WithDrainTimeout(-1)},
+		"member @":    {ferry.WithMemberID("a@b")},
 		"start":       {ferry.WithStartFrom(7)},
 		"tags":        {ferry.WithTags("")},
 		"allocator":   {ferry.WithAllocator(nil)},
@@ -213,6 +214,10 @@ func TestConsumerOptionsValidation(t *testing.T) {
 		require.ErrorIs(t, err, ferry.ErrInvalidOption, name)
 	}
 	_, err := b.NewConsumer("", "t", h)
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	_, err = b.NewConsumer("a@b", "t", h) // '@' is reserved for broadcast cursors
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	_, err = b.NewPullConsumer("a@b", "t")
 	require.ErrorIs(t, err, ferry.ErrInvalidOption)
 	_, err = b.NewConsumer("g", "t", nil)
 	require.ErrorIs(t, err, ferry.ErrInvalidOption)

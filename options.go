@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -83,9 +84,10 @@ func WithAllocator(a Allocator) ConsumerOption {
 // member.
 func Broadcast() ConsumerOption { return func(c *consumerConfig) { c.broadcast = true } }
 
-// WithMemberID sets the member's ID in its group: 1 to 128 bytes, unique
-// among the group's live members. Set a stable one for [Broadcast], whose
-// cursors are kept per member ID, so they survive restarts. Default:
+// WithMemberID sets the member's ID in its group: 1 to 128 bytes without
+// '@', unique among the group's live members. Set a stable one for
+// [Broadcast], whose cursors are kept per member ID (under
+// "<group>@<member>"), so they survive restarts. Default:
 // "<host>-<pid>-<n>", n counting the consumers of the process.
 func WithMemberID(id string) ConsumerOption { return func(c *consumerConfig) { c.memberID = id } }
 
@@ -226,6 +228,10 @@ func newConsumerConfig(group, topic string, opts []ConsumerOption) (*consumerCon
 	switch {
 	case c.allocator == nil:
 		return nil, fmt.Errorf("%w: nil allocator", ErrInvalidOption)
+	case strings.Contains(group, "@") || strings.Contains(c.memberID, "@"):
+		// Broadcast cursors live under "<group>@<member>": with '@' barred
+		// from both, no two consumers can share a cursor by accident.
+		return nil, fmt.Errorf("%w: group %q or member id %q contains '@'", ErrInvalidOption, group, c.memberID)
 	case len(c.memberID) > 128:
 		return nil, fmt.Errorf("%w: member id of %d bytes", ErrInvalidOption, len(c.memberID))
 	case c.broadcast && len(group)+1+len(c.memberID) > 255:
