@@ -317,7 +317,10 @@ func jsCase(storage jetstream.StorageType, async, group bool) func(ctx context.C
 		}
 		publish := func(subject string, body []byte) error {
 			if async {
-				_, err := pjs.PublishAsync(subject, body)
+				// A full window of unacknowledged publishes waits for room
+				// (200 ms by default, then ErrTooManyStalledMsgs): on a
+				// loaded machine that fails runs, so wait as long as a case may.
+				_, err := pjs.PublishAsync(subject, body, jetstream.WithStallWait(e.Timeout))
 				return err
 			}
 			_, err := pjs.Publish(context.Background(), subject, body)
