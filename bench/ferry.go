@@ -12,8 +12,8 @@ import (
 // (SendBatch in workload 2) and handled by a push Consumer of group "g"
 // with default options, which commits its cursor as it does by default.
 // The topic is a bounded queue with back-pressure, as the Go channel is:
-// each queue keeps at most ferryBound messages and Send waits (Overflow
-// Block) until the consumers have committed past the oldest. The
+// its queues keep at most ferryBound messages between them and Send waits
+// (Overflow Block) until the consumers have committed past the oldest. The
 // "retain all" case keeps every message instead (DropOldest with bounds
 // of at least n), as a log does by default, to show what that costs.
 func ferryCases() []Case {
@@ -26,7 +26,9 @@ func ferryCases() []Case {
 	}
 }
 
-// ferryBound is the per-queue bound of the benchmark topic.
+// ferryBound is the bound of the benchmark topic, shared by its queues:
+// each holds ferryBound/queues messages, so that a topic of 8 queues takes
+// no more memory than one of 1 (and the GC no more work).
 const ferryBound = 1 << 16
 
 const ferryTopic = "bench"
@@ -51,7 +53,7 @@ func newFerryRig(ctx context.Context, e *env, queues, consumers int, retainAll b
 			err = errors.Join(err, r.close())
 		}
 	}()
-	ret := ferry.Retention{MaxMessages: ferryBound, Overflow: ferry.Block}
+	ret := ferry.Retention{MaxMessages: int64(max(1024, ferryBound/queues)), Overflow: ferry.Block}
 	if retainAll {
 		ret = ferry.Retention{MaxMessages: int64(max(e.n, ferry.DefaultRetentionMessages)), MaxBytes: ferry.Unlimited}
 	}
