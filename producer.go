@@ -87,7 +87,7 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 }
 
 // sendBox holds a message and the one-element batch that writes it, so
-// Send allocates once.
+// TrySend allocates once whatever the queue.
 type sendBox struct {
 	em  EnhancedMessage
 	one [1]*EnhancedMessage
@@ -101,17 +101,27 @@ type sendBox struct {
 // overflow Send waits for room until ctx is done. The caller must not
 // modify m afterwards.
 func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
-	box := &sendBox{}
+	em := &EnhancedMessage{}
 	now := stampTime()
-	q, err := p.prepare(ctx, m, &box.em, now)
+	q, err := p.prepare(ctx, m, em, now)
 	if err != nil {
 		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
 	}
-	box.one[0] = &box.em
-	if _, err := writeAt(ctx, q, box.one[:], now); err != nil {
+	if _, err := writeOne(ctx, q, em, now); err != nil {
 		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
 	}
-	return SendResult{ID: box.em.ID, Queue: QueueID{Topic: m.Topic, Queue: box.em.Queue}, Offset: box.em.Offset}, nil
+	return SendResult{ID: em.ID, Queue: QueueID{Topic: m.Topic, Queue: em.Queue}, Offset: em.Offset}, nil
+}
+
+// writeOne writes em to q. For a MemoryQueue the one-message batch stays
+// on the stack, so a Send allocates only the message (192 bytes); other
+// queues get a batch from the heap.
+func writeOne(ctx context.Context, q Queue, em *EnhancedMessage, now time.Time) (int64, error) {
+	if mq, ok := q.(*MemoryQueue); ok {
+		one := [1]*EnhancedMessage{em}
+		return mq.write(ctx, one[:], true, now)
+	}
+	return q.Write(ctx, []*EnhancedMessage{em})
 }
 
 // TrySend is Send that never waits for room: where Send would block on a
