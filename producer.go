@@ -86,13 +86,6 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 	return &Producer{b: b, router: c.router, name: c.name, max: c.max}, nil
 }
 
-// sendBox holds a message and the one-element batch that writes it, so
-// TrySend allocates once whatever the queue.
-type sendBox struct {
-	em  EnhancedMessage
-	one [1]*EnhancedMessage
-}
-
 // Send stamps m, routes it and writes it to its queue. It returns where m
 // landed. A nil message is [ErrInvalidMessage]; a bad or unknown topic
 // [ErrInvalidTopic] or [ErrTopicNotFound]; a message over the size bound
@@ -101,50 +94,47 @@ type sendBox struct {
 // overflow Send waits for room until ctx is done. The caller must not
 // modify m afterwards.
 func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
-	em := &EnhancedMessage{}
-	now := stampTime()
-	q, err := p.prepare(ctx, m, em, now)
+	r, err := p.send(ctx, m, true)
 	if err != nil {
 		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
 	}
-	if _, err := writeOne(ctx, q, em, now); err != nil {
-		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
-	}
-	return SendResult{ID: em.ID, Queue: QueueID{Topic: m.Topic, Queue: em.Queue}, Offset: em.Offset}, nil
-}
-
-// writeOne writes em to q. For a MemoryQueue the one-message batch stays
-// on the stack, so a Send allocates only the message (192 bytes); other
-// queues get a batch from the heap.
-func writeOne(ctx context.Context, q Queue, em *EnhancedMessage, now time.Time) (int64, error) {
-	if mq, ok := q.(*MemoryQueue); ok {
-		one := [1]*EnhancedMessage{em}
-		return mq.write(ctx, one[:], true, now)
-	}
-	return q.Write(ctx, []*EnhancedMessage{em})
+	return r, nil
 }
 
 // TrySend is Send that never waits for room: where Send would block on a
-// full [Block] queue it returns [ErrQueueFull].
+// full [Block] queue it returns [ErrQueueFull] (a queue that is not a
+// [TryWriter] is written with Write).
 func (p *Producer) TrySend(m *Message) (SendResult, error) {
-	box := &sendBox{}
+	r, err := p.send(context.Background(), m, false)
+	if err != nil {
+		return SendResult{}, fmt.Errorf("ferry: try send: %w", err)
+	}
+	return r, nil
+}
+
+// send is Send, or TrySend when wait is false. For a MemoryQueue the
+// one-message batch stays on the stack, so a send allocates only the
+// message (192 bytes); other queues get a batch from the heap.
+func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult, error) {
+	em := &EnhancedMessage{}
 	now := stampTime()
-	q, err := p.prepare(context.Background(), m, &box.em, now)
+	t, i, err := p.prepare(ctx, m, em, now)
 	if err != nil {
-		return SendResult{}, fmt.Errorf("ferry: try send: %w", err)
+		return SendResult{}, err
 	}
-	box.one[0] = &box.em
+	q := t.queues[i]
 	if mq, ok := q.(*MemoryQueue); ok {
-		_, err = mq.write(context.Background(), box.one[:], false, now)
-	} else if tw, ok := q.(TryWriter); ok {
-		_, err = tw.TryWrite(box.one[:])
+		one := [1]*EnhancedMessage{em}
+		_, err = mq.write(ctx, one[:], wait, now)
+	} else if tw, ok := q.(TryWriter); ok && !wait {
+		_, err = tw.TryWrite([]*EnhancedMessage{em})
 	} else {
-		_, err = q.Write(context.Background(), box.one[:])
+		_, err = q.Write(ctx, []*EnhancedMessage{em})
 	}
 	if err != nil {
-		return SendResult{}, fmt.Errorf("ferry: try send: %w", err)
+		return SendResult{}, err
 	}
-	return SendResult{ID: box.em.ID, Queue: QueueID{Topic: m.Topic, Queue: box.em.Queue}, Offset: box.em.Offset}, nil
+	return SendResult{ID: em.ID, Queue: QueueID{Topic: m.Topic, Queue: em.Queue}, Offset: em.Offset}, nil
 }
 
 // writeAt writes msgs to q. A MemoryQueue takes now, the clock reading the
@@ -157,22 +147,21 @@ func writeAt(ctx context.Context, q Queue, msgs []*EnhancedMessage, now time.Tim
 	return q.Write(ctx, msgs)
 }
 
-// prepare checks m, stamps it into em and routes it.
-func (p *Producer) prepare(ctx context.Context, m *Message, em *EnhancedMessage, now time.Time) (Queue, error) {
-	t, err := p.check(ctx, m)
-	if err != nil {
-		return nil, err
+// prepare checks m, stamps it into em and routes it: em goes to queue i
+// of t.
+func (p *Producer) prepare(ctx context.Context, m *Message, em *EnhancedMessage, now time.Time) (t *topicState, i int, err error) {
+	if t, err = p.check(ctx, m); err != nil {
+		return nil, 0, err
 	}
 	em.Message = *m
 	em.ID = NewMessageID(now)
 	em.BornTime = now
 	em.BornAddress = bornAddress
 	em.Producer = p.name
-	i, err := p.route(em, t.meta)
-	if err != nil {
-		return nil, err
+	if i, err = p.route(em, t.meta); err != nil {
+		return nil, 0, err
 	}
-	return t.queues[i], nil
+	return t, i, nil
 }
 
 func (p *Producer) check(ctx context.Context, m *Message) (*topicState, error) {
@@ -235,17 +224,7 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 	bucketOf := make([]int, len(msgs))
 	buckets := 0
 	for i, m := range msgs {
-		t, err := p.check(ctx, m)
-		if err != nil {
-			return nil, fmt.Errorf("ferry: send batch: message %d: %w", i, err)
-		}
-		em := &ems[i]
-		em.Message = *m
-		em.ID = NewMessageID(now)
-		em.BornTime = now
-		em.BornAddress = bornAddress
-		em.Producer = p.name
-		q, err := p.route(em, t.meta)
+		t, q, err := p.prepare(ctx, m, &ems[i], now)
 		if err != nil {
 			return nil, fmt.Errorf("ferry: send batch: message %d: %w", i, err)
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -330,4 +331,25 @@ func TestBackPressureBlocksAndTrySendRefuses(t *testing.T) {
 	oldest, next := q.Offsets()
 	assert.Equal(t, int64(1), oldest, "the released message made room")
 	assert.Equal(t, int64(3), next)
+}
+
+// A queue other than a MemoryQueue takes the TryWriter path: TrySend
+// refuses on a full Block queue where Send waits for room.
+func TestTrySendUsesTryWriterOfOtherQueues(t *testing.T) {
+	ctx := context.Background()
+	b := newBroker(t, 1, ferry.WithStorage(ferrytest.NewFakeStorage()))
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "bp", Queues: 1, Retention: ferry.Retention{MaxMessages: 1, Overflow: ferry.Block}}))
+	p := newProducer(t, b)
+	res, err := p.TrySend(&ferry.Message{Topic: "bp", Body: []byte("first")})
+	require.NoError(t, err)
+	assert.Equal(t, ferry.QueueID{Topic: "bp"}, res.Queue)
+	assert.Equal(t, int64(0), res.Offset)
+	_, err = p.TrySend(&ferry.Message{Topic: "bp"})
+	require.ErrorIs(t, err, ferry.ErrQueueFull)
+
+	short, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = p.Send(short, &ferry.Message{Topic: "bp"})
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, int64(1), stored(t, b, "bp"))
 }
