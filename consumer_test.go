@@ -306,3 +306,50 @@ func ExampleBroker_NewConsumer() {
 	// billing: order 1 (attempt 1)
 	// billing: order 2 (attempt 1)
 }
+
+// emptyReadStorage hands out memory queues whose first Read breaks the
+// contract: it returns no message and no error.
+type emptyReadStorage struct{ *ferry.MemoryStorage }
+
+func (s emptyReadStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (ferry.Queue, error) {
+	q, err := s.MemoryStorage.OpenQueue(ctx, meta, i)
+	if err != nil {
+		return nil, err
+	}
+	return &emptyReadQueue{Queue: q}, nil
+}
+
+type emptyReadQueue struct {
+	ferry.Queue
+	once sync.Once
+}
+
+func (q *emptyReadQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (n int, err error) {
+	empty := false
+	q.once.Do(func() { empty = true })
+	if empty {
+		return 0, nil
+	}
+	return q.Queue.Read(ctx, offset, dst)
+}
+
+func TestConsumerReportsQueueReadingNothing(t *testing.T) {
+	st := emptyReadStorage{ferry.NewMemoryStorage()}
+	t.Cleanup(func() { require.NoError(t, st.Close()) })
+	b := newTopic(t, 1, ferry.WithStorage(st))
+	errs := make(chan error, 1)
+	onErr := ferry.WithOnError(func(err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	})
+	n := 10
+	c := newTally(n)
+	startConsumer(t, b, "g", c.handler(), onErr)
+	err := <-errs
+	assert.Contains(t, err.Error(), "ferry_test.emptyReadQueue read 0 messages")
+	produce(t, b, "t", "x", n, 1)
+	c.waitAll(t) // the fetch loop went on after the bad read
+	assert.Equal(t, n, c.distinct())
+}

@@ -145,6 +145,9 @@ func (r *queueRun) fetch() {
 	for {
 		next := r.buf.Next()
 		n, err := r.queue.Read(r.ctx, next, scratch)
+		if err == nil {
+			err = checkRead(r.queue, next, scratch, n)
+		}
 		if err != nil {
 			switch {
 			case r.ctx.Err() != nil:
@@ -198,6 +201,28 @@ func (r *queueRun) fetch() {
 		clear(scratch[:n])
 		m.markDirty()
 	}
+}
+
+// checkRead checks what q's Read at next returned in dst[:n]: at least
+// one message and no more than dst holds, none nil, offsets increasing
+// from next. A queue that breaks the contract is named, and its read
+// handled as a failed one, rather than crash the fetch loop.
+func checkRead(q Queue, next int64, dst []*EnhancedMessage, n int) error {
+	if n < 1 || n > len(dst) {
+		return fmt.Errorf("ferry: queue %T read %d messages into %d", q, n, len(dst))
+	}
+	want := next
+	for i, m := range dst[:n] {
+		if m == nil || m.Offset < want {
+			clear(dst[:n])
+			if m == nil {
+				return fmt.Errorf("ferry: queue %T read at %d: message %d: %w: nil", q, next, i, ErrInvalidMessage)
+			}
+			return fmt.Errorf("ferry: queue %T read at %d: message %d has offset %d, want %d or more", q, next, i, m.Offset, want)
+		}
+		want = m.Offset + 1
+	}
+	return nil
 }
 
 // release stops takes, waits for the in-flight messages up to the drain
