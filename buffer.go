@@ -179,8 +179,8 @@ func (b *Buffer) Reset(next int64) {
 // they fit under the high watermark (an empty buffer takes at least one)
 // and within the max span; if it cannot take them all, the buffer pauses.
 // A message at an offset below the next fetched offset is
-// [ErrOffsetOutOfRange]; the messages before it stay taken. The buffer
-// keeps the pointers.
+// [ErrOffsetOutOfRange], and a nil message [ErrInvalidMessage]; the
+// messages before it stay taken. The buffer keeps the pointers.
 func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
@@ -208,7 +208,10 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 	}
 	defer b.mu.Unlock()
 	n := 0
-	for _, m := range msgs {
+	for i, m := range msgs {
+		if m == nil {
+			return n, fmt.Errorf("ferry: buffer put: message %d: %w: nil", i, ErrInvalidMessage)
+		}
 		size := int64(m.Size())
 		if m.Offset < b.next {
 			return n, fmt.Errorf("ferry: buffer put: %w: offset %d after %d", ErrOffsetOutOfRange, m.Offset, b.next-1)
@@ -309,12 +312,15 @@ func (b *Buffer) Pending() int {
 
 // Done marks taken messages finished: they leave the buffer, the
 // committable offset moves up to the smallest unfinished one, and a paused
-// buffer may resume. Messages the buffer does not hold (after a Reset, or
-// done twice) are ignored. It returns the committable offset.
+// buffer may resume. Messages the buffer does not hold (after a Reset,
+// done twice, or nil) are ignored. It returns the committable offset.
 func (b *Buffer) Done(msgs ...*EnhancedMessage) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, m := range msgs {
+		if m == nil {
+			continue
+		}
 		i := b.findLocked(m.Offset)
 		if i < 0 || i >= b.taken || b.entries[i].m != m {
 			continue
@@ -474,6 +480,9 @@ func (b *Buffer) abandon(msgs ...*EnhancedMessage) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, m := range msgs {
+		if m == nil {
+			continue
+		}
 		if i := b.findLocked(m.Offset); i >= 0 && i < b.taken && b.entries[i].m == m {
 			b.inflight--
 		}

@@ -210,3 +210,17 @@ func TestBufferDrainLockClose(t *testing.T) {
 	assert.Zero(t, k, "a closed buffer hands out nothing")
 	assert.Zero(t, pending)
 }
+
+func TestBufferNilMessage(t *testing.T) {
+	b, err := ferry.NewBuffer(ferry.BufferConfig{})
+	require.NoError(t, err)
+	msgs := msgsAt(0, 2, 1)
+	n, err := b.Put(context.Background(), []*ferry.EnhancedMessage{msgs[0], nil, msgs[1]})
+	require.ErrorIs(t, err, ferry.ErrInvalidMessage)
+	assert.Equal(t, 1, n, "the message before the nil one stays taken")
+	dst := make([]*ferry.EnhancedMessage, 2)
+	got, _ := b.Take(dst)
+	require.Equal(t, 1, got)
+	assert.Equal(t, int64(0), b.Done(nil), "a nil message is ignored")
+	assert.Equal(t, int64(1), b.Done(nil, msgs[0]))
+}
