@@ -183,6 +183,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	sub.c = c
 	s.subs[sub] = struct{}{}
 	go func() {
+		defer close(sub.done) // last: Close waits for this goroutine to end
 		sub.run()
 		s.mu.Lock()
 		delete(s.subs, sub)
@@ -239,14 +240,13 @@ type subscription struct {
 	out          chan *message.Message
 	ctx          context.Context // the Subscribe context; cancelled to end
 	cancel       context.CancelFunc
-	done         chan struct{} // closed once out is closed
+	done         chan struct{} // closed once out is closed and the subscription forgotten
 	log          watermill.LoggerAdapter
 }
 
 // run starts the consumer, waits for the end of the subscription, closes
 // the consumer and then the channel.
 func (sub *subscription) run() {
-	defer close(sub.done)
 	if err := sub.c.Start(sub.ctx); err != nil && sub.ctx.Err() == nil {
 		sub.log.Error("ferrywm: subscription failed", err, watermill.LogFields{"topic": sub.topic, "group": sub.group})
 		sub.cancel()
