@@ -68,13 +68,7 @@ func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, e
 	if err := c.Start(ctx); err != nil {
 		return nil, fmt.Errorf("ferry: poll: %w", err)
 	}
-	if c.m.cfg.autoCommit {
-		c.mu.Lock()
-		last := c.last
-		c.last = nil
-		c.mu.Unlock()
-		c.finish(last)
-	}
+	c.finishLast()
 	out := make([]*EnhancedMessage, max)
 	n, err := c.poll(ctx, out)
 	if err != nil {
@@ -108,6 +102,19 @@ func (c *PullConsumer) poll(ctx context.Context, dst []*EnhancedMessage) (int, e
 			return n, nil
 		}
 	}
+}
+
+// finishLast marks the messages of earlier Polls finished, with
+// WithAutoCommit.
+func (c *PullConsumer) finishLast() {
+	if !c.m.cfg.autoCommit {
+		return
+	}
+	c.mu.Lock()
+	last := c.last
+	c.last = nil
+	c.mu.Unlock()
+	c.finish(last)
 }
 
 // finish marks msgs finished in their queues' buffers and returns the
@@ -196,15 +203,9 @@ func (c *PullConsumer) MemberID() string { return c.m.cfg.memberID }
 // Close leaves the group and releases its queues: with [WithAutoCommit]
 // the messages of the last Poll count as finished; messages polled and
 // not committed are left to the next owner at once (a rebalance, unlike
-// Close, waits for them up to the drain timeout). It returns when every goroutine the consumer started has
-// returned. Idempotent; returns nil.
+// Close, waits for them up to the drain timeout). It returns when every
+// goroutine the consumer started has returned. Idempotent; returns nil.
 func (c *PullConsumer) Close() error {
-	if c.m.cfg.autoCommit {
-		c.mu.Lock()
-		last := c.last
-		c.last = nil
-		c.mu.Unlock()
-		c.finish(last)
-	}
+	c.finishLast()
 	return c.m.close()
 }
