@@ -286,6 +286,21 @@ func (b *Buffer) pausedLocked() bool {
 func (b *Buffer) Take(dst []*EnhancedMessage) (n, pending int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.takeLocked(dst)
+}
+
+// takeShare is Take of one taker's share when ways takers share the
+// pending messages: a ceil(pending/ways), at least one, at most len(dst).
+// It reads the pending count under the same lock as it takes.
+func (b *Buffer) takeShare(dst []*EnhancedMessage, ways int) (n, pending int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := min(len(dst), max(1, (b.pendingLocked()+ways-1)/ways))
+	return b.takeLocked(dst[:k])
+}
+
+// takeLocked is Take. b.mu held.
+func (b *Buffer) takeLocked(dst []*EnhancedMessage) (n, pending int) {
 	if b.closed {
 		return 0, 0
 	}
@@ -307,8 +322,11 @@ func (b *Buffer) Take(dst []*EnhancedMessage) (n, pending int) {
 func (b *Buffer) Pending() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.entries) - max(b.taken, b.head)
+	return b.pendingLocked()
 }
+
+// pendingLocked is Pending. b.mu held.
+func (b *Buffer) pendingLocked() int { return len(b.entries) - max(b.taken, b.head) }
 
 // Done marks taken messages finished: they leave the buffer, the
 // committable offset moves up to the smallest unfinished one, and a paused
@@ -403,7 +421,7 @@ func (b *Buffer) Stats() BufferStats {
 	return BufferStats{
 		Messages:     b.count,
 		Bytes:        b.bytes,
-		Pending:      len(b.entries) - max(b.taken, b.head),
+		Pending:      b.pendingLocked(),
 		InFlight:     b.inflight,
 		PeakMessages: b.peakMsgs,
 		PeakBytes:    b.peakB,

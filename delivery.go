@@ -104,8 +104,8 @@ func newDeliverer(m *groupMember, h Handler) *deliverer {
 }
 
 // work is one worker: it takes a batch from a buffer with pending
-// messages (or a due retry), handles it and marks what finished done, one
-// buffer lock per batch.
+// messages (or a due retry), handles it and marks what finished done: two
+// buffer locks per batch, one to take and one to mark done.
 func (d *deliverer) work() {
 	m := d.m
 	defer m.wg.Done()
@@ -127,8 +127,7 @@ func (d *deliverer) work() {
 		case r != nil && m.cfg.ordered:
 			d.ordered(dctx, r, batch[:1])
 		case r != nil:
-			k := min(len(batch), max(1, (r.buf.Pending()+m.cfg.concurrency-1)/m.cfg.concurrency))
-			n, pending := r.buf.Take(batch[:k])
+			n, pending := r.buf.takeShare(batch, m.cfg.concurrency)
 			if pending > 0 {
 				m.sched.push(r) // let other workers share the queue
 			}
