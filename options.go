@@ -140,8 +140,8 @@ func WithTags(tags ...string) ConsumerOption {
 
 // WithRetry sets how many times a message is attempted in all (at least
 // 1) and the wait before the first retry, which doubles on each later one
-// up to [MaxRetryBackoff] (see [WithMaxRetryBackoff]) (push only). Default: [DefaultMaxAttempts] and
-// [DefaultRetryBackoff].
+// up to [MaxRetryBackoff] (see [WithMaxRetryBackoff]) (push only).
+// Default: [DefaultMaxAttempts] and [DefaultRetryBackoff].
 func WithRetry(maxAttempts int, backoff time.Duration) ConsumerOption {
 	return func(c *consumerConfig) {
 		c.maxAttempts, c.backoff = maxAttempts, backoff
@@ -167,8 +167,7 @@ func WithDeadLetter(topic string) ConsumerOption {
 // Close) waits for its in-flight messages to finish before it commits what
 // finished, cancels the handlers' context and lets the queue go; the
 // unfinished ones are delivered again to the next owner. Zero does not
-// wait. Default:
-// [DefaultDrainTimeout].
+// wait. Default: [DefaultDrainTimeout].
 func WithDrainTimeout(d time.Duration) ConsumerOption {
 	return func(c *consumerConfig) { c.drainTimeout = d }
 }
