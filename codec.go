@@ -50,11 +50,15 @@ func EncodedSize(m *EnhancedMessage) int {
 	return n
 }
 
+// maxHeaderHint bounds the header count Decode trusts to size the map.
+const maxHeaderHint = 64
+
 // Decode decodes one message from the front of b and returns it with the
 // number of bytes it used. Every length is checked against the bytes left
-// before anything is allocated, so a corrupt or hostile input allocates at
-// most about len(b); it returns an error wrapping [ErrCorrupt] and never
-// panics. The message does not alias b.
+// before anything is allocated, so a corrupt input allocates nothing but
+// its error, and a valid one about len(b) plus the headers' map; it
+// returns an error wrapping [ErrCorrupt] and never panics. The message
+// does not alias b.
 func Decode(b []byte) (*EnhancedMessage, int, error) {
 	d := decoder{b: b}
 	m := new(EnhancedMessage)
@@ -79,12 +83,10 @@ func Decode(b []byte) (*EnhancedMessage, int, error) {
 	if nh > uint64(len(d.b)-d.off)/2 { // each header takes at least 2 bytes
 		d.fail("header count out of range")
 	}
-	var hdr [][2][2]int
-	if d.err == nil && nh > 0 {
-		hdr = make([][2][2]int, nh)
-		for i := range hdr {
-			hdr[i][0], hdr[i][1] = d.span(), d.span()
-		}
+	hdrStart := d.off
+	for i := uint64(0); i < nh && d.err == nil; i++ {
+		d.span() // checked now, read again below once data holds the bytes
+		d.span()
 	}
 	body := d.span()
 	if d.err != nil {
@@ -101,9 +103,13 @@ func Decode(b []byte) (*EnhancedMessage, int, error) {
 	m.Topic, m.Key, m.Tag = str(topic), str(key), str(tag)
 	m.BornAddress, m.Producer = str(addr), str(prod)
 	if nh > 0 {
-		m.Headers = make(map[string]string, nh)
-		for _, h := range hdr {
-			m.Headers[str(h[0])] = str(h[1])
+		// The count hints the map's size only up to maxHeaderHint: a
+		// million empty headers are one entry, not a million.
+		m.Headers = make(map[string]string, min(nh, maxHeaderHint))
+		h := decoder{b: b, off: hdrStart}
+		for range nh {
+			k, v := h.span(), h.span()
+			m.Headers[str(k)] = str(v)
 		}
 	}
 	if body[1] > body[0] {

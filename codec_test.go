@@ -2,6 +2,7 @@ package ferry_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"runtime"
 	"strings"
 	"testing"
@@ -109,14 +110,21 @@ func TestCodecRejectsBadInput(t *testing.T) {
 	// A header count far beyond the input: must fail before allocating.
 	hugeHeaders := append([]byte{ferry.CodecVersion}, make([]byte, 16)...)
 	hugeHeaders = append(hugeHeaders, 0, 0, 0x80, 0x80, 0x80, 0x80) // queue, offset, zero-ish times
+	// Many valid (empty) headers, then a body length beyond the input.
+	manyHeaders := append([]byte{ferry.CodecVersion}, make([]byte, 16)...)
+	manyHeaders = append(manyHeaders, 0, 0, 1, 1, 0, 0, 0, 0, 0)
+	manyHeaders = binary.AppendUvarint(manyHeaders, 1<<14)
+	manyHeaders = append(manyHeaders, make([]byte, 2<<14)...)
+	manyHeaders = append(manyHeaders, 0x7f)
 	cases := map[string][]byte{
-		"empty":         nil,
-		"bad version":   badVersion,
-		"huge headers":  append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0, 0, 1, 1, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f),
-		"huge length":   append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0, 0, 1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f),
-		"bad varint":    append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff),
-		"queue too big": append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0x0f),
-		"garbage":       hugeHeaders,
+		"many headers then bad body": manyHeaders,
+		"empty":                      nil,
+		"bad version":                badVersion,
+		"huge headers":               append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0, 0, 1, 1, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f),
+		"huge length":                append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0, 0, 1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f),
+		"bad varint":                 append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff),
+		"queue too big":              append(append([]byte{ferry.CodecVersion}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0x0f),
+		"garbage":                    hugeHeaders,
 	}
 	for name, b := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -132,6 +140,31 @@ func TestCodecRejectsBadInput(t *testing.T) {
 			assert.LessOrEqual(t, perCall, uint64(len(b)+1024), "a corrupt input must fail before allocating what its lengths claim")
 		})
 	}
+}
+
+// A valid message of many repeated headers decodes into a small map: the
+// allocation follows what is decoded, not the header count.
+func TestCodecDecodeManyHeadersAllocatesLittle(t *testing.T) {
+	b := append([]byte{ferry.CodecVersion}, make([]byte, 16)...)
+	b = append(b, 0, 0, 1, 1, 0, 0, 0, 0, 0)
+	const nh = 1 << 16
+	b = binary.AppendUvarint(b, nh)
+	for range nh {
+		b = append(b, 1, 'k', 1, 'v')
+	}
+	b = append(b, 0) // empty body
+	m, n, err := ferry.Decode(b)
+	require.NoError(t, err)
+	assert.Equal(t, len(b), n)
+	assert.Equal(t, map[string]string{"k": "v"}, m.Headers)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 10 {
+		_, _, _ = ferry.Decode(b)
+	}
+	runtime.ReadMemStats(&after)
+	perCall := (after.TotalAlloc - before.TotalAlloc) / 10
+	assert.LessOrEqual(t, perCall, uint64(2*len(b)+8192))
 }
 
 func FuzzDecode(f *testing.F) {
