@@ -69,7 +69,9 @@ func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, e
 		return nil, fmt.Errorf("ferry: poll: %w", err)
 	}
 	c.finishLast()
-	out := make([]*EnhancedMessage, max)
+	// One Poll takes from one queue's buffer, which never holds more than
+	// its capacity: a larger slice would go unused (or not fit in memory).
+	out := make([]*EnhancedMessage, min(max, c.m.cfg.buffer.MaxMessages))
 	n, err := c.poll(ctx, out)
 	if err != nil {
 		return nil, fmt.Errorf("ferry: poll: %w", err)

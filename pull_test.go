@@ -3,6 +3,7 @@ package ferry_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"testing"
@@ -177,4 +178,23 @@ func ExamplePullConsumer_Poll() {
 	fmt.Println(bodies)
 	// Output:
 	// [event 0 event 1 event 2]
+}
+
+// A huge max is no reason to allocate: Poll returns what one queue holds.
+func TestPullConsumerPollHugeMax(t *testing.T) {
+	b := newTopic(t, 1)
+	produce(t, b, "t", "x", 10, 1)
+	pc, err := b.NewPullConsumer("g", "t", ferry.WithBuffer(4, 1<<20))
+	require.NoError(t, err)
+	defer pc.Close()
+	got := 0
+	for got < 10 {
+		msgs, err := pc.Poll(context.Background(), math.MaxInt)
+		require.NoError(t, err)
+		require.NotEmpty(t, msgs)
+		require.LessOrEqual(t, len(msgs), 4, "no more than the buffer holds")
+		require.NoError(t, pc.Commit(context.Background(), msgs...))
+		got += len(msgs)
+	}
+	assert.Equal(t, 10, got)
 }
