@@ -213,7 +213,7 @@ func (q *queue) writeDirect(msgs []*ferry.EnhancedMessage, size int64) (first in
 	case ret.Overflow == ferry.Block:
 		return 0, nil, false
 	}
-	if err := q.appendMsgs(msgs); err != nil {
+	if err := q.appendMsgs(msgs, ret); err != nil {
 		return 0, fmt.Errorf("ferry: write %s: %w", q.id, err), true
 	}
 	return msgs[0].Offset, nil, true

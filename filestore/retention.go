@@ -86,6 +86,12 @@ func (q *queue) rollLimits(ret ferry.Retention) (count, bytes int64, age time.Du
 	return count, bytes, age
 }
 
+// retains reports whether retention can ever delete a segment of a queue
+// with ret and no writes waiting: one bound at least, or Block overflow.
+func retains(ret ferry.Retention) bool {
+	return ret.MaxAge > 0 || ret.MaxMessages != ferry.Unlimited || ret.MaxBytes != ferry.Unlimited || ret.Overflow == ferry.Block
+}
+
 // retain deletes the oldest sealed segments that retention lets go: with
 // DropOldest, those whose messages all expired, and those the queue is over
 // its bounds without (so a queue keeps at least its bounds, Kafka's rule);

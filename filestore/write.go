@@ -171,7 +171,10 @@ func (q *queue) commit(batch []*writeReq) {
 	for _, r := range batch {
 		q.flat = append(q.flat, r.msgs...)
 	}
-	err := q.appendMsgs(q.flat)
+	q.mu.Lock()
+	ret := q.ret
+	q.mu.Unlock()
+	err := q.appendMsgs(q.flat, ret)
 	clear(q.flat)
 	for _, r := range batch {
 		if err != nil {
@@ -185,13 +188,13 @@ func (q *queue) commit(batch []*writeReq) {
 // appendMsgs stores msgs: offsets, one write per segment touched, one
 // fdatasync with SyncAlways, then publishes them to readers and runs
 // retention. On failure it undoes the writes, fails the queue and returns
-// the queue's error. wmu must be held.
-func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage) error {
+// the queue's error. ret is the queue's retention as read under mu. wmu
+// must be held: it is held by every writer of q.next and q.segs, so they
+// are read here without mu and segMu.
+func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) error {
 	now := time.Now()
 	nowNano := now.UnixNano()
-	q.mu.Lock()
-	first, ret := q.next, q.ret
-	q.mu.Unlock()
+	first := q.next
 	rollCount, rollBytes, rollAge := q.rollLimits(ret)
 
 	off := first
@@ -227,10 +230,8 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage) error {
 
 	i := 0
 	for i < len(msgs) {
-		q.segMu.RLock()
 		act := q.segs[len(q.segs)-1]
 		cnt, size, sum, firstTime := act.count(), act.size, act.sizeSum, act.firstTime
-		q.segMu.RUnlock()
 		accepts := func(m *ferry.EnhancedMessage, encLen int) bool {
 			if cnt == 0 {
 				return true
@@ -314,8 +315,10 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage) error {
 	// Retention before the acknowledgement, so a writer sees its bounds
 	// kept when Write returns. A failed delete fails later writes; these
 	// are on disk.
-	if err := q.retain(now); err != nil {
-		q.fail(err)
+	if retains(ret) {
+		if err := q.retain(now); err != nil {
+			q.fail(err)
+		}
 	}
 	if ret.MaxAge > 0 && !q.ageArmed {
 		q.poke() // the writer goroutine arms the age timer
