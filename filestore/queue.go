@@ -48,10 +48,12 @@ type queue struct {
 	closeEr error      // what the first Close returned
 
 	// wmu serializes appends, rolls, syncs and deletes: the writer
-	// goroutine holds it while it handles an event, a direct writer while
-	// it appends. It guards every field below and the files' contents.
-	// Lock order: wmu, then segMu or mu.
+	// goroutine holds it while it handles an event (but for SyncEvery's
+	// fdatasync, under syncMu alone), a direct writer while it appends.
+	// It guards every field below and the files' contents. Lock order:
+	// wmu, then syncMu, then segMu, then mu.
 	wmu      sync.Mutex
+	syncMu   sync.Mutex // held by SyncEvery's sync outside wmu and by retention closing files
 	pending  []*writeReq
 	enc      []byte
 	ends     []int

@@ -143,20 +143,27 @@ func (q *queue) retain(now time.Time) error {
 		bytes -= s.sizeSum
 		n++
 	}
+	if n == 0 {
+		q.segMu.Unlock()
+		return nil
+	}
 	drop := slices.Clone(q.segs[:n])
 	q.segs = slices.Delete(q.segs, 0, n)
 	oldest := q.segs[0].base
-	q.segMu.Unlock()
-	if n == 0 {
-		return nil
-	}
+	// oldest moves with segs: a Read that misses a dropped segment then
+	// sees Offsets past it.
 	q.mu.Lock()
 	q.oldest = oldest
 	q.trimCache(oldest)
 	q.mu.Unlock()
+	q.segMu.Unlock()
 	var errs []error
+	q.syncMu.Lock() // a SyncEvery sync may still be on a dropped file
 	for _, s := range drop {
 		errs = append(errs, s.f.Close())
+	}
+	q.syncMu.Unlock()
+	for _, s := range drop {
 		errs = append(errs, q.st.root.Remove(s.name))
 		if err := q.st.root.Remove(indexName(q.dir, s.base)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)

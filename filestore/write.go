@@ -54,11 +54,20 @@ func (q *queue) run() {
 			done <- err
 			continue
 		case <-tick:
+			// fdatasync outside wmu, so that writers go on meanwhile;
+			// syncMu keeps retention from closing the file under it.
 			q.wmu.Lock()
-			if q.dirty {
-				q.syncActive()
-			}
+			dirty := q.dirty
+			q.dirty = false
+			act := q.segs[len(q.segs)-1]
+			q.syncMu.Lock()
 			q.wmu.Unlock()
+			if dirty {
+				if err := syncFile(act.f); err != nil {
+					q.fail(err)
+				}
+			}
+			q.syncMu.Unlock()
 			continue
 		case <-q.stop:
 			q.wmu.Lock()
