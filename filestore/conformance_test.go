@@ -16,7 +16,7 @@ import (
 var features = ferrytest.Features{Persistent: true, Block: true}
 
 func TestQueueConformance(t *testing.T) {
-	for _, p := range []filestore.SyncPolicy{filestore.SyncAlways, filestore.SyncNever} {
+	for _, p := range []filestore.SyncPolicy{filestore.SyncAlways, filestore.SyncEvery(time.Millisecond), filestore.SyncNever} {
 		t.Run(p.String(), func(t *testing.T) {
 			ferrytest.TestQueue(t, features, func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
 				// Small segments and cache, so the suite reads from disk

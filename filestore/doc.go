@@ -30,7 +30,9 @@
 // [SyncAlways] (the default) acknowledges a Write after fdatasync; each
 // queue has one writer goroutine, so concurrent writers share one write
 // and one fdatasync (group commit). [SyncEvery] syncs on an interval,
-// [SyncNever] leaves it to the operating system. Directories are synced
+// [SyncNever] leaves it to the operating system; under both a Write
+// appends its own frame in the calling goroutine (one write, under the
+// queue's write lock) and returns once it is in the page cache. Directories are synced
 // after every create, rename and delete. A write or fsync error makes the
 // queue fail every later write with [ErrFailed]: it is never retried.
 //

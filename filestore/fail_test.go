@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -107,4 +108,45 @@ func TestWriteErrorFailsQueue(t *testing.T) {
 	require.ErrorIs(t, err, ErrFailed)
 	_, err = q.Write(ctx, []*ferry.EnhancedMessage{testMsg("y")})
 	require.ErrorIs(t, err, ErrFailed)
+}
+
+// SyncEvery's fdatasync runs outside the write lock while writers append
+// in their own goroutines; its failure still fails the queue for good.
+func TestSyncEveryFsyncErrorFailsQueue(t *testing.T) {
+	ctx := context.Background()
+	fail := injectSyncError(t)
+	// No roll (whose fdatasync would fail the queue too) within the test.
+	st, err := Open(t.TempDir(), WithSync(SyncEvery(time.Millisecond)), WithSegmentBytes(1<<30))
+	require.NoError(t, err)
+	unlimited := ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited}
+	q, err := st.OpenQueue(ctx, ferry.TopicMeta{Name: "t", Queues: 1, Retention: unlimited}, 0)
+	require.NoError(t, err)
+	_, err = q.Write(ctx, []*ferry.EnhancedMessage{testMsg("synced")})
+	require.NoError(t, err)
+
+	fail.Store(true)
+	// Writes are acknowledged from the page cache until a tick's
+	// fdatasync fails; every write after that fails.
+	deadline := time.Now().Add(10 * time.Second)
+	acked := int64(1)
+	for {
+		_, err = q.Write(ctx, []*ferry.EnhancedMessage{testMsg("unsynced")})
+		if err != nil {
+			break
+		}
+		acked++
+		require.True(t, time.Now().Before(deadline), "the failed fdatasync never failed the queue")
+	}
+	require.ErrorIs(t, err, ErrFailed)
+	require.ErrorIs(t, err, syscall.EIO)
+	fail.Store(false)
+	_, err = q.Write(ctx, []*ferry.EnhancedMessage{testMsg("later")})
+	require.ErrorIs(t, err, ErrFailed)
+	// What was acknowledged stays readable.
+	_, next := q.Offsets()
+	assert.Equal(t, acked, next)
+	n, err := q.Read(ctx, 0, make([]*ferry.EnhancedMessage, 1))
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	require.ErrorIs(t, st.Close(), ErrFailed)
 }

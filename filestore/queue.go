@@ -10,9 +10,12 @@ import (
 	"github.com/ferrymq/ferry"
 )
 
-// queue is a file-backed [ferry.Queue]: a folder of segments, one writer
-// goroutine that group-commits the writes, and a cache of the most recent
-// messages for readers that keep up.
+// queue is a file-backed [ferry.Queue]: a folder of segments, a writer
+// goroutine, and a cache of the most recent messages for readers that keep
+// up. With SyncAlways the writer goroutine group-commits every write; with
+// SyncEvery and SyncNever a writer appends its own messages under wmu (no
+// handoff), and the goroutine keeps the timers, Block overflow's waiting
+// writes and the retention passes asked for by readers.
 type queue struct {
 	id  ferry.QueueID
 	st  *Store
@@ -44,12 +47,21 @@ type queue struct {
 	closeMu sync.Mutex // serializes Close
 	closeEr error      // what the first Close returned
 
-	// Owned by the writer goroutine.
-	pending []*writeReq
-	enc     []byte
-	ends    []int
-	out     []byte
-	dirty   bool // bytes written since the last fdatasync
+	// wmu serializes appends, rolls, syncs and deletes: the writer
+	// goroutine holds it while it handles an event (but for SyncEvery's
+	// fdatasync, under syncMu alone), a direct writer while it appends.
+	// It guards every field below and the files' contents. Lock order:
+	// wmu, then syncMu, then segMu, then mu.
+	wmu      sync.Mutex
+	syncMu   sync.Mutex // held by SyncEvery's sync outside wmu and by retention closing files
+	pending  []*writeReq
+	enc      []byte
+	ends     []int
+	out      []byte
+	flat     []*ferry.EnhancedMessage
+	frames   []frameInfo
+	dirty    bool // bytes written since the last fdatasync
+	ageArmed bool // the writer goroutine's age timer is set
 }
 
 var (
@@ -142,6 +154,11 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("ferry: write %s: %w", q.id, err)
 	}
+	if q.cfg.sync.mode != syncAlways {
+		if first, err, done := q.writeDirect(msgs, size); done {
+			return first, err
+		}
+	}
 	q.mu.Lock()
 	closed, failed, ret, next := q.closed, q.failed, q.ret, q.next
 	q.mu.Unlock()
@@ -176,6 +193,34 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 	}
 }
 
+// writeDirect appends msgs in the calling goroutine under wmu, for
+// SyncEvery and SyncNever: its bytes are in the page cache when it
+// returns. It reports done false, having done nothing, when the queue
+// has Block overflow, whose writes wait in the writer goroutine for room.
+func (q *queue) writeDirect(msgs []*ferry.EnhancedMessage, size int64) (first int64, err error, done bool) {
+	q.wmu.Lock()
+	defer q.wmu.Unlock()
+	q.mu.Lock()
+	closed, failed, ret, next := q.closed, q.failed, q.ret, q.next
+	q.mu.Unlock()
+	switch {
+	case closed:
+		return 0, fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed), true
+	case failed != nil:
+		return 0, fmt.Errorf("ferry: write %s: %w", q.id, failed), true
+	case over(int64(len(msgs)), ret.MaxMessages) || over(size, ret.MaxBytes):
+		return 0, fmt.Errorf("ferry: write %s: %w: batch of %d messages, %d bytes exceeds retention", q.id, ferry.ErrMessageTooLarge, len(msgs), size), true
+	case len(msgs) == 0:
+		return next, nil, true
+	case ret.Overflow == ferry.Block:
+		return 0, nil, false
+	}
+	if err := q.appendMsgs(msgs, ret); err != nil {
+		return 0, fmt.Errorf("ferry: write %s: %w", q.id, err), true
+	}
+	return msgs[0].Offset, nil, true
+}
+
 // Close implements [io.Closer]: it stops the writer goroutine (pending
 // writes fail with [ferry.ErrClosed]), syncs unless [SyncNever], wakes
 // blocked readers and closes the files. It is idempotent.
@@ -192,6 +237,8 @@ func (q *queue) Close() error {
 	q.mu.Unlock()
 	close(q.stop)
 	q.wg.Wait()
+	// A direct writer that got in before closed was set finishes first.
+	q.wmu.Lock()
 	q.segMu.Lock()
 	var errs []error
 	for _, s := range q.segs {
@@ -199,6 +246,7 @@ func (q *queue) Close() error {
 	}
 	q.segsClosed = true
 	q.segMu.Unlock()
+	q.wmu.Unlock()
 	q.mu.Lock()
 	q.cache, q.cacheHead, q.cacheBase = nil, 0, q.next
 	if q.failed != nil {

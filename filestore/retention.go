@@ -86,6 +86,12 @@ func (q *queue) rollLimits(ret ferry.Retention) (count, bytes int64, age time.Du
 	return count, bytes, age
 }
 
+// retains reports whether retention can ever delete a segment of a queue
+// with ret and no writes waiting: one bound at least, or Block overflow.
+func retains(ret ferry.Retention) bool {
+	return ret.MaxAge > 0 || ret.MaxMessages != ferry.Unlimited || ret.MaxBytes != ferry.Unlimited || ret.Overflow == ferry.Block
+}
+
 // retain deletes the oldest sealed segments that retention lets go: with
 // DropOldest, those whose messages all expired, and those the queue is over
 // its bounds without (so a queue keeps at least its bounds, Kafka's rule);
@@ -137,20 +143,27 @@ func (q *queue) retain(now time.Time) error {
 		bytes -= s.sizeSum
 		n++
 	}
+	if n == 0 {
+		q.segMu.Unlock()
+		return nil
+	}
 	drop := slices.Clone(q.segs[:n])
 	q.segs = slices.Delete(q.segs, 0, n)
 	oldest := q.segs[0].base
-	q.segMu.Unlock()
-	if n == 0 {
-		return nil
-	}
+	// oldest moves with segs: a Read that misses a dropped segment then
+	// sees Offsets past it.
 	q.mu.Lock()
 	q.oldest = oldest
 	q.trimCache(oldest)
 	q.mu.Unlock()
+	q.segMu.Unlock()
 	var errs []error
+	q.syncMu.Lock() // a SyncEvery sync may still be on a dropped file
 	for _, s := range drop {
 		errs = append(errs, s.f.Close())
+	}
+	q.syncMu.Unlock()
+	for _, s := range drop {
 		errs = append(errs, q.st.root.Remove(s.name))
 		if err := q.st.root.Remove(indexName(q.dir, s.base)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)

@@ -10,7 +10,10 @@ import (
 	"github.com/ferrymq/ferry"
 )
 
-// run is the writer goroutine: it owns appends, rolls, syncs and deletes.
+// run is the writer goroutine: it commits the writes sent to it (every
+// write with SyncAlways, Block overflow's otherwise), syncs on SyncEvery's
+// tick and runs the retention passes of the age timer, of retention or
+// release news and of readers. It holds wmu while it handles an event.
 func (q *queue) run() {
 	defer q.wg.Done()
 	var tick <-chan time.Time
@@ -25,6 +28,7 @@ func (q *queue) run() {
 	for {
 		select {
 		case r := <-q.reqs:
+			q.wmu.Lock()
 			q.pending = append(q.pending, r)
 			q.drain()
 			if q.cfg.sync.mode == syncAlways {
@@ -35,21 +39,38 @@ func (q *queue) run() {
 				q.drain()
 			}
 		case <-q.kick:
+			q.wmu.Lock()
 		case <-age.C:
+			q.wmu.Lock()
+			q.ageArmed = false
 		case done := <-q.retainC:
+			q.wmu.Lock()
 			err := q.retain(time.Now())
 			if err != nil {
 				q.fail(err)
 			}
-			done <- err
 			q.armAge(age)
+			q.wmu.Unlock()
+			done <- err
 			continue
 		case <-tick:
-			if q.dirty {
-				q.syncActive()
+			// fdatasync outside wmu, so that writers go on meanwhile;
+			// syncMu keeps retention from closing the file under it.
+			q.wmu.Lock()
+			dirty := q.dirty
+			q.dirty = false
+			act := q.segs[len(q.segs)-1]
+			q.syncMu.Lock()
+			q.wmu.Unlock()
+			if dirty {
+				if err := syncFile(act.f); err != nil {
+					q.fail(err)
+				}
 			}
+			q.syncMu.Unlock()
 			continue
 		case <-q.stop:
+			q.wmu.Lock()
 			for _, r := range q.pending {
 				r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)}
 			}
@@ -57,6 +78,7 @@ func (q *queue) run() {
 			if q.dirty && q.cfg.sync.mode != syncNever {
 				q.syncActive()
 			}
+			q.wmu.Unlock()
 			return
 		}
 		q.process()
@@ -64,6 +86,7 @@ func (q *queue) run() {
 			q.fail(err)
 		}
 		q.armAge(age)
+		q.wmu.Unlock()
 	}
 }
 
@@ -84,7 +107,8 @@ const maxPending = 4096
 
 // armAge sets the timer to the moment the oldest segment expires. It
 // leaves the timer off when that moment has passed: the segment is then
-// held by Block overflow until a Release, which wakes the writer.
+// held by Block overflow until a Release, which wakes the writer. wmu must
+// be held.
 func (q *queue) armAge(t *time.Timer) {
 	q.mu.Lock()
 	maxAge := q.ret.MaxAge
@@ -100,6 +124,7 @@ func (q *queue) armAge(t *time.Timer) {
 	}
 	if d := time.Until(time.Unix(0, last).Add(maxAge)); d >= 0 {
 		t.Reset(d + time.Millisecond)
+		q.ageArmed = true
 	}
 }
 
@@ -149,51 +174,73 @@ func (q *queue) process() {
 	}
 }
 
-// commit writes batch: offsets, one write per segment touched, one
-// fdatasync with SyncAlways, then publishes and acknowledges.
+// commit writes batch and acknowledges each of its writes.
 func (q *queue) commit(batch []*writeReq) {
-	now := time.Now()
+	q.flat = q.flat[:0]
+	for _, r := range batch {
+		q.flat = append(q.flat, r.msgs...)
+	}
 	q.mu.Lock()
-	first, ret := q.next, q.ret
+	ret := q.ret
 	q.mu.Unlock()
+	err := q.appendMsgs(q.flat, ret)
+	clear(q.flat)
+	for _, r := range batch {
+		if err != nil {
+			r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, err)}
+		} else {
+			r.done <- writeRes{first: r.msgs[0].Offset}
+		}
+	}
+}
+
+// appendMsgs stores msgs: offsets, one write per segment touched, one
+// fdatasync with SyncAlways, then publishes them to readers and runs
+// retention. On failure it undoes the writes, fails the queue and returns
+// the queue's error. ret is the queue's retention as read under mu. wmu
+// must be held: it is held by every writer of q.next and q.segs, so they
+// are read here without mu and segMu.
+func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) error {
+	now := time.Now()
+	nowNano := now.UnixNano()
+	first := q.next
 	rollCount, rollBytes, rollAge := q.rollLimits(ret)
 
 	off := first
 	q.enc, q.ends = q.enc[:0], q.ends[:0]
-	var msgs []*ferry.EnhancedMessage
-	for _, r := range batch {
-		for _, m := range r.msgs {
-			m.Queue = q.id.Queue
-			m.Offset = off
-			m.StoreTime = now
-			off++
-			q.enc = ferry.AppendEncode(q.enc, m)
-			q.ends = append(q.ends, len(q.enc))
-			msgs = append(msgs, m)
-		}
+	for _, m := range msgs {
+		m.Queue = q.id.Queue
+		m.Offset = off
+		m.StoreTime = now
+		off++
+		q.enc = ferry.AppendEncode(q.enc, m)
+		q.ends = append(q.ends, len(q.enc))
 	}
 
 	type undo struct {
 		s    *segment
 		size int64
 	}
-	var touched []undo
-	fail := func(err error) {
+	var touchedBuf [2]undo
+	touched := touchedBuf[:0]
+	fail := func(err error) error {
 		for _, u := range touched {
 			_ = u.s.f.Truncate(u.size)
 		}
 		q.fail(err)
-		for _, r := range batch {
-			r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, q.failedErr())}
+		return q.failedErr()
+	}
+	encStart := func(j int) int {
+		if j == 0 {
+			return 0
 		}
+		return q.ends[j-1]
 	}
 
 	i := 0
 	for i < len(msgs) {
-		q.segMu.RLock()
 		act := q.segs[len(q.segs)-1]
 		cnt, size, sum, firstTime := act.count(), act.size, act.sizeSum, act.firstTime
-		q.segMu.RUnlock()
 		accepts := func(m *ferry.EnhancedMessage, encLen int) bool {
 			if cnt == 0 {
 				return true
@@ -203,22 +250,16 @@ func (q *queue) commit(batch []*writeReq) {
 				(rollBytes < 0 || sum+int64(m.Size()) <= rollBytes) &&
 				(rollAge == 0 || now.Sub(time.Unix(0, firstTime)) < rollAge)
 		}
-		encStart := func(j int) int {
-			if j == 0 {
-				return 0
-			}
-			return q.ends[j-1]
-		}
 		if !accepts(msgs[i], q.ends[i]-encStart(i)) {
 			if err := q.roll(); err != nil {
-				fail(err)
-				return
+				return fail(err)
 			}
 			continue
 		}
 		// Frames for this segment.
+		at := size
 		q.out = q.out[:0]
-		var frames []frameInfo
+		q.frames = q.frames[:0]
 		for i < len(msgs) {
 			j, fsum := i, int64(0)
 			for j < len(msgs) {
@@ -242,32 +283,27 @@ func (q *queue) commit(batch []*writeReq) {
 				break
 			}
 			start := len(q.out)
-			q.out = appendFrame(q.out, msgs[i].Offset, j-i, now.UnixNano(), fsum, q.enc[encStart(i):q.ends[j-1]])
-			frames = append(frames, frameInfo{base: msgs[i].Offset, count: j - i, time: now.UnixNano(), sizeSum: fsum, totalLen: len(q.out) - start})
+			q.out = appendFrame(q.out, msgs[i].Offset, j-i, nowNano, fsum, q.enc[encStart(i):q.ends[j-1]])
+			q.frames = append(q.frames, frameInfo{base: msgs[i].Offset, count: j - i, time: nowNano, sizeSum: fsum, totalLen: len(q.out) - start})
 			if firstTime == 0 {
-				firstTime = now.UnixNano()
+				firstTime = nowNano
 			}
 			i = j
 		}
-		q.segMu.RLock()
-		at := act.size
-		q.segMu.RUnlock()
 		touched = append(touched, undo{act, at})
 		if _, err := act.f.WriteAt(q.out, at); err != nil {
-			fail(err)
-			return
+			return fail(err)
 		}
 		q.dirty = true
 		q.segMu.Lock()
-		for _, fi := range frames {
+		for _, fi := range q.frames {
 			act.add(fi, q.cfg.indexInterval)
 		}
 		q.segMu.Unlock()
 	}
 	if q.cfg.sync.mode == syncAlways {
 		if err := q.syncActive(); err != nil {
-			fail(err)
-			return
+			return fail(err)
 		}
 	}
 
@@ -288,15 +324,18 @@ func (q *queue) commit(batch []*writeReq) {
 	// Retention before the acknowledgement, so a writer sees its bounds
 	// kept when Write returns. A failed delete fails later writes; these
 	// are on disk.
-	if err := q.retain(now); err != nil {
-		q.fail(err)
+	if retains(ret) {
+		if err := q.retain(now); err != nil {
+			q.fail(err)
+		}
 	}
-	for _, r := range batch {
-		r.done <- writeRes{first: r.msgs[0].Offset}
+	if ret.MaxAge > 0 && !q.ageArmed {
+		q.poke() // the writer goroutine arms the age timer
 	}
 	if cap(q.enc) > 16<<20 { // do not hold on to the buffers of a huge batch
 		q.enc, q.out = nil, nil
 	}
+	return nil
 }
 
 // trimCache keeps the cache within its bounds and at or above oldest.
