@@ -208,6 +208,32 @@ func (b *Broker) Queue(topic string, i int) (ReadableQueue, error) {
 	return t.queues[i], nil
 }
 
+// ForgetGroup tells the broker that consumer group will not come back to
+// topic: its progress (and that of its broadcast members) no longer holds
+// back the queues of a topic with [Block] overflow, so producers waiting on
+// it resume as far as the remaining groups allow. Its committed cursor stays
+// in the CursorStore, so a group of that name that does come back resumes
+// from it. A group with live members on topic is [ErrGroupActive]; a group
+// that never read topic is left as it is. A consumer made with [Broadcast]
+// and no [WithMemberID] forgets its own progress on Close, as its generated
+// ID can never come back.
+func (b *Broker) ForgetGroup(group, topic string) error {
+	t, err := b.topic(topic)
+	if err != nil {
+		return fmt.Errorf("ferry: forget group: %w", err)
+	}
+	if group == "" {
+		return fmt.Errorf("ferry: forget group: %w: empty group", ErrInvalidOption)
+	}
+	live := func(scope string) bool {
+		return len(b.groups.coord.members(groupKey{scope: scope, topic: topic})) > 0
+	}
+	if err := b.groups.forget(t, group, live); err != nil {
+		return fmt.Errorf("ferry: forget group: %w", err)
+	}
+	return nil
+}
+
 // Close closes the consumers made from the broker (each drains and commits),
 // then every queue the broker opened, then the stores it created. It is
 // idempotent; afterwards every method returns [ErrClosed].

@@ -42,4 +42,7 @@ var (
 	// split of a group's queues leaves a queue unowned or gives it to more
 	// than one member; the error names the allocator.
 	ErrInvalidAllocation = errors.New("ferry: invalid allocation")
+	// ErrGroupActive is returned by [Broker.ForgetGroup] for a group that
+	// still has live members.
+	ErrGroupActive = errors.New("ferry: group has live members")
 )

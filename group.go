@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 )
 
@@ -230,4 +231,50 @@ func (r *groupRegistry) committedTo(topic, scope string, q int, offset int64) in
 		}
 	}
 	return low
+}
+
+// forget drops the progress of group on t (its own scope and those of its
+// broadcast members, "<group>@<member>"), so it no longer holds back the
+// release of Block queues, and releases what that frees. live reports
+// whether a scope has live members; if one has, nothing changes and forget
+// returns ErrGroupActive. Forgetting a group that never read t does
+// nothing.
+func (r *groupRegistry) forget(t *topicState, group string, live func(scope string) bool) error {
+	r.mu.Lock()
+	byScope := r.committed[t.meta.Name]
+	var scopes []string
+	for scope := range byScope {
+		if scope == group || strings.HasPrefix(scope, group+"@") {
+			if live(scope) {
+				r.mu.Unlock()
+				return fmt.Errorf("%w: %q on topic %q", ErrGroupActive, scope, t.meta.Name)
+			}
+			scopes = append(scopes, scope)
+		}
+	}
+	for _, scope := range scopes {
+		delete(byScope, scope)
+	}
+	// The lowest offset of what remains per queue; with no group left,
+	// nothing was consumed (as before the first group came) and nothing
+	// more is released.
+	lows := make([]int64, len(t.queues))
+	for q := range lows {
+		lows[q] = -1
+		for _, offs := range byScope {
+			if q < len(offs) && (lows[q] < 0 || offs[q] < lows[q]) {
+				lows[q] = offs[q]
+			}
+		}
+	}
+	r.mu.Unlock()
+	if len(scopes) == 0 || t.meta.Retention.Overflow != Block {
+		return nil
+	}
+	for q, low := range lows {
+		if rel, ok := t.queues[q].(Releaser); ok && low > 0 {
+			rel.Release(low)
+		}
+	}
+	return nil
 }

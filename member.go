@@ -159,6 +159,11 @@ func (m *groupMember) close() error {
 		close(m.stop)
 		m.wg.Wait()
 		m.b.groups.remove(m)
+		if m.cfg.broadcast && m.cfg.generatedID {
+			// Nobody can come back under this member's cursor: it must
+			// not hold back Block queues for good.
+			_ = m.b.groups.forget(m.t, m.scope, func(string) bool { return false })
+		}
 	})
 	return nil
 }

@@ -52,6 +52,7 @@ type consumerConfig struct {
 	allocator    Allocator
 	broadcast    bool
 	memberID     string
+	generatedID  bool // memberID was made up: it never comes back after Close
 	concurrency  int
 	ordered      bool
 	buffer       BufferConfig
@@ -216,6 +217,7 @@ func newConsumerConfig(group, topic string, opts []ConsumerOption) (*consumerCon
 		}
 	}
 	if c.memberID == "" {
+		c.generatedID = true
 		c.memberID = bornAddress + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(memberSeq.Add(1), 10)
 	}
 	if c.deadLetter == "" {

@@ -278,3 +278,37 @@ func TestAckRightBeforeCloseIsKept(t *testing.T) {
 		require.NoError(t, sub.Close())
 	}
 }
+
+// A subscription without a consumer group has a group of its own, which
+// nobody comes back to: when it ends, it must not keep a topic with Block
+// overflow blocked.
+func TestEndedSubscriptionWithoutGroupReleasesBlockTopic(t *testing.T) {
+	ctx := context.Background()
+	b := memoryBroker(t)
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "jobs", Queues: 1,
+		Retention: ferry.Retention{MaxMessages: 2, Overflow: ferry.Block}}))
+	pub, own := newPubSub(t, b, ferrywm.PublisherConfig{}, ferrywm.SubscriberConfig{})
+	require.NoError(t, pub.Publish("jobs", message.NewMessage(watermill.NewUUID(), []byte("0"))))
+
+	octx, cancel := context.WithCancel(ctx)
+	och, err := own.Subscribe(octx, "jobs")
+	require.NoError(t, err)
+	receive(t, och) // the group of its own now reads the topic; never acked
+	cancel()
+	for range och { // closed once the subscription has ended
+	}
+
+	_, grouped := newPubSub(t, b, ferrywm.PublisherConfig{}, ferrywm.SubscriberConfig{ConsumerGroup: "live"})
+	ch, err := grouped.Subscribe(ctx, "jobs")
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("jobs", message.NewMessage(watermill.NewUUID(), []byte("1"))))
+	for range 2 {
+		receive(t, ch).Ack()
+	}
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, err := p.TrySend(&ferry.Message{Topic: "jobs"})
+		return err == nil
+	}, watchdog, time.Millisecond, "the ended subscription's group no longer holds the topic")
+}

@@ -167,13 +167,15 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	sub := &subscription{
-		topic:  topic,
-		group:  group,
-		out:    make(chan *message.Message),
-		ctx:    sctx,
-		cancel: cancel,
-		done:   make(chan struct{}),
-		log:    s.cfg.Logger,
+		b:         s.b,
+		ephemeral: s.cfg.ConsumerGroup == "",
+		topic:     topic,
+		group:     group,
+		out:       make(chan *message.Message),
+		ctx:       sctx,
+		cancel:    cancel,
+		done:      make(chan struct{}),
+		log:       s.cfg.Logger,
 	}
 	c, err := s.b.NewConsumer(group, topic, ferry.HandlerFunc(sub.handle), consumerOptions(s.cfg)...)
 	if err != nil {
@@ -235,6 +237,8 @@ var errStopped = errors.New("ferrywm: subscription ended")
 
 // subscription is one Subscribe call: a consumer handing messages to out.
 type subscription struct {
+	b            *ferry.Broker
+	ephemeral    bool // a group of its own, which ends with the subscription
 	topic, group string
 	c            *ferry.Consumer
 	out          chan *message.Message
@@ -253,6 +257,13 @@ func (sub *subscription) run() {
 	}
 	<-sub.ctx.Done()
 	_ = sub.c.Close() // handlers return at once: they watch sub.ctx
+	if sub.ephemeral {
+		// Nobody comes back to this group: it must not hold back a topic
+		// with Block overflow. Its cursor stays in the cursor store.
+		if err := sub.b.ForgetGroup(sub.group, sub.topic); err != nil && !errors.Is(err, ferry.ErrClosed) {
+			sub.log.Error("ferrywm: forgetting the subscription's group", err, watermill.LogFields{"topic": sub.topic, "group": sub.group})
+		}
+	}
 	close(sub.out)
 }
 
