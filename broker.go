@@ -195,15 +195,15 @@ func (b *Broker) topic(name string) (*topicState, error) {
 }
 
 // Queue returns queue i of the named topic, for reading it directly.
-// Errors wrap ErrClosed, ErrInvalidTopic, ErrTopicNotFound or
-// ErrOffsetOutOfRange (for i out of range).
+// Errors wrap ErrClosed, ErrTopicNotFound or ErrInvalidTopic (for a bad
+// name, or i out of range, as in [Storage.OpenQueue]).
 func (b *Broker) Queue(topic string, i int) (ReadableQueue, error) {
 	t, err := b.topic(topic)
 	if err != nil {
 		return nil, fmt.Errorf("ferry: queue: %w", err)
 	}
 	if i < 0 || i >= len(t.queues) {
-		return nil, fmt.Errorf("ferry: queue: %w: queue %d of %d in topic %q", ErrOffsetOutOfRange, i, len(t.queues), topic)
+		return nil, fmt.Errorf("ferry: queue: %w: queue %d of %d in topic %q", ErrInvalidTopic, i, len(t.queues), topic)
 	}
 	return t.queues[i], nil
 }

@@ -40,7 +40,9 @@ func TestCreateTopic(t *testing.T) {
 	assert.Equal(t, []string{"audit", "orders"}, names)
 
 	_, err := b.Queue("orders", 4)
-	assert.ErrorIs(t, err, ferry.ErrOffsetOutOfRange)
+	assert.ErrorIs(t, err, ferry.ErrInvalidTopic)
+	_, err = b.Queue("orders", -1)
+	assert.ErrorIs(t, err, ferry.ErrInvalidTopic)
 	_, err = b.Queue("nope", 0)
 	assert.ErrorIs(t, err, ferry.ErrTopicNotFound)
 	_, err = b.Queue("a/b", 0)
