@@ -3,6 +3,7 @@ package ferry
 import (
 	"math/rand/v2"
 	"sync/atomic"
+	"time"
 )
 
 // Router picks the queue a message goes to.
@@ -26,17 +27,62 @@ func (f RouterFunc) Select(m *EnhancedMessage, meta TopicMeta) (int, error) { re
 // goes to queue (murmur2(key) & 0x7fffffff) % meta.Queues, exactly the
 // partition Kafka's Java default partitioner picks for the same key bytes
 // and partition count, so keyed data can move between Ferry and Kafka
-// without reshuffling. Messages without a Key are spread round robin.
-func KeyHashRouter() Router { return &keyHashRouter{} }
+// without reshuffling.
+//
+// Messages without a Key are spread round robin in runs, as Kafka's
+// sticky partitioner spreads records without a key: consecutive keyless
+// messages stick to one queue for up to [StickyRun] messages, then move to
+// the next queue. A run also ends when no keyless message came for
+// [StickyGap] (by BornTime), so a producer that sends now and then goes
+// round robin message by message, while one that sends fast hands each
+// queue runs of messages its consumer reads and handles in batches. Every
+// queue gets the same share over StickyRun × Queues messages. Each router
+// starts one run further than the one made before it, so producers
+// sending at the same pace fill different queues.
+func KeyHashRouter() Router {
+	r := &keyHashRouter{}
+	r.n.Store(routerSeq.Add(1) * StickyRun)
+	return r
+}
 
-type keyHashRouter struct{ rr roundRobinRouter }
+// StickyRun is the most consecutive keyless messages [KeyHashRouter] sends
+// to one queue.
+const StickyRun = 64
+
+// StickyGap is the pause between keyless messages after which
+// [KeyHashRouter] moves to the next queue.
+const StickyGap = time.Millisecond
+
+// routerSeq numbers the KeyHashRouters of the process.
+var routerSeq atomic.Uint64
+
+type keyHashRouter struct {
+	n    atomic.Uint64 // keyless messages routed, plus the skips of runs cut short
+	last atomic.Int64  // BornTime (Unix ns) of a recent keyless message
+}
 
 func (r *keyHashRouter) Select(m *EnhancedMessage, meta TopicMeta) (int, error) {
-	if m.Key == "" {
-		return r.rr.Select(m, meta)
+	if m.Key != "" {
+		return int(uint32(Murmur2(m.Key))&0x7fffffff) % meta.Queues, nil
 	}
-	return int(uint32(Murmur2(m.Key))&0x7fffffff) % meta.Queues, nil
+	if meta.Queues == 1 {
+		return 0, nil
+	}
+	born := m.BornTime.UnixNano()
+	if last := r.last.Load(); born-last > int64(stickyTouch) {
+		// last is refreshed only every stickyTouch, so that routing a
+		// message writes no shared memory but the counter.
+		r.last.Store(born)
+		if born-last > int64(StickyGap) {
+			n := r.n.Load()
+			r.n.CompareAndSwap(n, (n/StickyRun+1)*StickyRun) // the run ends
+		}
+	}
+	return int((r.n.Add(1) - 1) / StickyRun % uint64(meta.Queues)), nil
 }
+
+// stickyTouch is how stale keyHashRouter.last may get: a tenth of the gap.
+const stickyTouch = StickyGap / 10
 
 // RoundRobinRouter returns a router that spreads messages over the queues
 // in turn, with one counter shared by all topics.

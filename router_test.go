@@ -2,7 +2,9 @@ package ferry_test
 
 import (
 	"errors"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/ferrymq/ferry"
 	"github.com/stretchr/testify/assert"
@@ -43,16 +45,86 @@ func TestKeyHashRouterIsKafkasDefaultPartitioner(t *testing.T) {
 	assert.Equal(t, 2, got)
 }
 
-func TestKeyHashRouterRoundRobinsEmptyKeys(t *testing.T) {
+func TestKeyHashRouterSticksEmptyKeysInRuns(t *testing.T) {
 	r := ferry.KeyHashRouter()
 	meta := ferry.TopicMeta{Name: "t", Queues: 4}
-	counts := make([]int, 4)
-	for range 400 {
-		i, err := r.Select(&ferry.EnhancedMessage{}, meta)
+	born := time.Now()
+	var seq []int
+	for i := range 3 * 4 * ferry.StickyRun {
+		// Fast: a microsecond apart, well within StickyGap.
+		m := &ferry.EnhancedMessage{BornTime: born.Add(time.Duration(i) * time.Microsecond)}
+		q, err := r.Select(m, meta)
 		require.NoError(t, err)
-		counts[i]++
+		seq = append(seq, q)
 	}
-	assert.Equal(t, []int{100, 100, 100, 100}, counts)
+	counts := make([]int, 4)
+	for _, q := range seq {
+		counts[q]++
+	}
+	assert.Equal(t, []int{3 * ferry.StickyRun, 3 * ferry.StickyRun, 3 * ferry.StickyRun, 3 * ferry.StickyRun}, counts)
+	// Runs of StickyRun, each on the queue after the previous run's.
+	runs := 0
+	for i := 1; i < len(seq); i++ {
+		if seq[i] != seq[i-1] {
+			assert.Equal(t, (seq[i-1]+1)%4, seq[i], "message %d", i)
+			runs++
+		}
+	}
+	assert.GreaterOrEqual(t, runs, 3*4-2) // the first run may be cut short by the start
+	assert.LessOrEqual(t, runs, 3*4)
+	for i := range seq {
+		if i > 0 && seq[i] != seq[i-1] {
+			for j := i; j < min(i+ferry.StickyRun, len(seq)); j++ {
+				require.Equal(t, seq[i], seq[j], "a run is %d messages", ferry.StickyRun)
+			}
+		}
+	}
+}
+
+func TestKeyHashRouterRoundRobinsSlowEmptyKeys(t *testing.T) {
+	r := ferry.KeyHashRouter()
+	meta := ferry.TopicMeta{Name: "t", Queues: 3}
+	born := time.Now()
+	var seq []int
+	for i := range 9 {
+		// Slow: each message more than StickyGap after the one before.
+		m := &ferry.EnhancedMessage{BornTime: born.Add(time.Duration(i) * 2 * ferry.StickyGap)}
+		q, err := r.Select(m, meta)
+		require.NoError(t, err)
+		seq = append(seq, q)
+	}
+	for i := 1; i < len(seq); i++ {
+		assert.Equal(t, (seq[i-1]+1)%3, seq[i], "message %d of %v", i, seq)
+	}
+}
+
+func TestKeyHashRoutersStartOnDifferentQueues(t *testing.T) {
+	meta := ferry.TopicMeta{Name: "t", Queues: 8}
+	born := time.Now()
+	first := func() int {
+		q, err := ferry.KeyHashRouter().Select(&ferry.EnhancedMessage{BornTime: born}, meta)
+		require.NoError(t, err)
+		return q
+	}
+	a, b := first(), first()
+	assert.Equal(t, (a+1)%8, b, "the router made next starts one queue further")
+}
+
+func TestKeyHashRouterConcurrentEmptyKeys(t *testing.T) {
+	r := ferry.KeyHashRouter()
+	meta := ferry.TopicMeta{Name: "t", Queues: 5}
+	const goroutines, each = 4, 1000
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range each {
+				q, err := r.Select(&ferry.EnhancedMessage{BornTime: time.Now()}, meta)
+				assert.NoError(t, err)
+				assert.True(t, q >= 0 && q < 5, "queue %d", q)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func TestRoundRobinRandomManualRouters(t *testing.T) {

@@ -91,9 +91,11 @@ func findStored(t *testing.T, b *ferry.Broker, topic string) *ferry.EnhancedMess
 }
 
 // Messages of one key keep their order across a group of subscribers,
-// while unkeyed messages spread over every queue.
+// while unkeyed messages spread over every queue (in runs of
+// ferry.StickyRun when they come fast).
 func TestKeyOrderAcrossSubscribersOfAGroup(t *testing.T) {
 	const keys, perKey = 8, 50
+	const unkeyed = ferry.StickyRun * ferrywm.DefaultQueues
 	b := memoryBroker(t)
 	pub, sub1 := newPubSub(t, b, ferrywm.PublisherConfig{}, ferrywm.SubscriberConfig{ConsumerGroup: "g"})
 	_, sub2 := newPubSub(t, b, ferrywm.PublisherConfig{}, ferrywm.SubscriberConfig{ConsumerGroup: "g"})
@@ -104,7 +106,7 @@ func TestKeyOrderAcrossSubscribersOfAGroup(t *testing.T) {
 			require.NoError(t, pub.Publish("ordered", msg))
 		}
 	}
-	for range 40 {
+	for range unkeyed {
 		require.NoError(t, pub.Publish("ordered", message.NewMessage(watermill.NewUUID(), []byte("unkeyed"))))
 	}
 	for i := range ferrywm.DefaultQueues {
@@ -131,7 +133,7 @@ func TestKeyOrderAcrossSubscribersOfAGroup(t *testing.T) {
 				last[key] = i
 			}
 			seen[msg.UUID] = true
-			if len(seen) == keys*perKey+40 {
+			if len(seen) == keys*perKey+unkeyed {
 				close(all)
 			}
 			mu.Unlock()

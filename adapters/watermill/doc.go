@@ -26,8 +26,8 @@
 // [UUIDHeader]. The key, which picks the queue, comes from the metadata
 // field [PublisherConfig.KeyMetadata] (default [DefaultKeyMetadata]):
 // messages with the same key keep their order. Messages without a key are
-// spread round robin over the queues (Ferry's [ferry.KeyHashRouter]) and
-// have no order between them.
+// spread over the queues round robin, in runs when they come fast (Ferry's
+// [ferry.KeyHashRouter]), and have no order between them.
 //
 // # Delivery
 //
