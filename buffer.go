@@ -242,10 +242,17 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 // fetcher read but did not put (filtered out), or after a reset of the
 // cursor. A lower offset is ignored. With nothing unfinished it moves
 // [Buffer.Committable] too.
-func (b *Buffer) Advance(next int64) {
+func (b *Buffer) Advance(next int64) { b.advance(next) }
+
+// advance is Advance; it reports whether [Buffer.Committable] moved.
+func (b *Buffer) advance(next int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.next = max(b.next, next)
+	if next <= b.next {
+		return false
+	}
+	b.next = next
+	return b.head >= len(b.entries)
 }
 
 // Next returns the next offset to fetch.
@@ -290,12 +297,13 @@ func (b *Buffer) Take(dst []*EnhancedMessage) (n, pending int) {
 }
 
 // takeShare is Take of one taker's share when ways takers share the
-// pending messages: a ceil(pending/ways), at least one, at most len(dst).
-// It reads the pending count under the same lock as it takes.
-func (b *Buffer) takeShare(dst []*EnhancedMessage, ways int) (n, pending int) {
+// pending messages: a ceil(pending/ways), at least one, and at least
+// least, at most len(dst). It reads the pending count under the same lock
+// as it takes.
+func (b *Buffer) takeShare(dst []*EnhancedMessage, ways, least int) (n, pending int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	k := min(len(dst), max(1, (b.pendingLocked()+ways-1)/ways))
+	k := min(len(dst), max(1, least, (b.pendingLocked()+ways-1)/ways))
 	return b.takeLocked(dst[:k])
 }
 

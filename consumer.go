@@ -39,6 +39,7 @@ func (f HandlerFunc) Handle(ctx context.Context, m *EnhancedMessage) error { ret
 type Consumer struct {
 	m *groupMember
 	h Handler
+	d *deliverer // set by Start
 }
 
 // NewConsumer returns a push consumer for topic in group, handling
@@ -79,6 +80,7 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 func (c *Consumer) Start(ctx context.Context) error {
 	return c.m.start(ctx, "start consumer", func() {
 		d := newDeliverer(c.m, c.h)
+		c.d = d
 		c.m.dropRetries = d.dropRetries
 		c.m.wg.Add(c.m.cfg.concurrency + 1)
 		for range c.m.cfg.concurrency {

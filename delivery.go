@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -84,6 +85,10 @@ const (
 type deliverer struct {
 	m *groupMember
 	h Handler
+	// cost is the handler's time per message (ns), a moving average over
+	// the batches the workers time: it sizes batches and decides when a
+	// worker calls another to share a queue's pending messages.
+	cost atomic.Int64
 
 	retryWake chan struct{}
 	mu        sync.Mutex // guards delayed and producer
@@ -100,7 +105,36 @@ type retryItem struct {
 }
 
 func newDeliverer(m *groupMember, h Handler) *deliverer {
-	return &deliverer{m: m, h: h, retryWake: make(chan struct{}, 1)}
+	d := &deliverer{m: m, h: h, retryWake: make(chan struct{}, 1)}
+	d.cost.Store(int64(shareBudget)) // slow until measured: share at once
+	return d
+}
+
+// shareBudget is the handling time a worker takes on alone: it takes as
+// many messages as the handler gets through in that time (at most
+// maxAlone), and calls another worker only when the pending messages left
+// would take longer. Waking a worker costs microseconds; sharing work
+// that takes less than that only adds wake-ups.
+const shareBudget = 50 * time.Microsecond
+
+// maxAlone bounds the messages a worker takes for itself beyond its fair
+// share: if the handler stalls on one, the others wait with it.
+const maxAlone = 16
+
+// shareGuard bounds how long pending messages a worker kept for itself
+// wait when its batch runs long (the handler slowed down): another worker
+// is called then.
+const shareGuard = 2 * shareBudget
+
+// timeBatch reports whether a worker times a batch of n messages: those
+// of several messages (the clock reads are shared), and one in 16 others.
+func timeBatch(n int, seq uint) bool { return n >= 4 || seq%16 == 0 }
+
+// record folds a timed batch of n messages into d's cost estimate.
+func (d *deliverer) record(elapsed time.Duration, n int) {
+	per := int64(elapsed) / int64(n)
+	old := d.cost.Load()
+	d.cost.Store(old + (per-old)/2)
 }
 
 // work is one worker: it takes a batch from a buffer with pending
@@ -112,6 +146,10 @@ func (d *deliverer) work() {
 	dctx := &deliveryCtx{d: Delivery{Group: m.group, Member: m.cfg.memberID, MaxAttempts: m.cfg.maxAttempts}}
 	batch := make([]*EnhancedMessage, 64)
 	finished := make([]*EnhancedMessage, 0, 64)
+	guard := time.AfterFunc(time.Hour, m.sched.signal)
+	guard.Stop()
+	defer guard.Stop()
+	var seq uint
 	for {
 		r, it := m.sched.next(context.Background(), m.halt)
 		switch {
@@ -127,16 +165,36 @@ func (d *deliverer) work() {
 		case r != nil && m.cfg.ordered:
 			d.ordered(dctx, r, batch[:1])
 		case r != nil:
-			n, pending := r.buf.takeShare(batch, m.cfg.concurrency)
-			if pending > 0 {
-				m.sched.push(r) // let other workers share the queue
+			cost := max(1, d.cost.Load())
+			n, pending := r.buf.takeShare(batch, m.cfg.concurrency, int(min(maxAlone, int64(shareBudget)/cost)))
+			guarded := false
+			switch {
+			case pending == 0:
+			case int64(pending)*cost > int64(shareBudget):
+				m.sched.push(r) // worth another worker
+			default:
+				m.sched.pushQuiet(r) // this worker comes back for them
+				guard.Reset(shareGuard)
+				guarded = true
 			}
 			dctx.Context = r.hctx
 			finished = finished[:0]
+			seq++
+			timed := n > 0 && timeBatch(n, seq)
+			var start time.Time
+			if timed {
+				start = time.Now()
+			}
 			for _, msg := range batch[:n] {
 				if d.handle(dctx, r, msg, 1) {
 					finished = append(finished, msg)
 				}
+			}
+			if timed {
+				d.record(time.Since(start), n)
+			}
+			if guarded {
+				guard.Stop()
 			}
 			if len(finished) > 0 {
 				r.buf.Done(finished...)

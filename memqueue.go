@@ -257,6 +257,15 @@ func (q *MemoryQueue) Release(offset int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.released = max(q.released, offset)
+	// Drop what is released at once rather than when room is needed: a
+	// memory queue's released messages are garbage the GC would otherwise
+	// keep scanning.
+	for q.head < len(q.msgs) && q.base < q.released {
+		q.msgs[q.head] = nil
+		q.bytes -= q.sizes[q.head]
+		q.head++
+		q.base++
+	}
 	q.wakeWriters()
 }
 

@@ -183,3 +183,27 @@ func TestMemoryStorage(t *testing.T) {
 	assert.ErrorIs(t, err, ferry.ErrClosed)
 	assert.ErrorIs(t, s.SaveTopic(ctx, meta), ferry.ErrClosed)
 }
+
+// A Block queue drops what is released at once, not when room is next
+// needed: released messages are garbage a memory queue should not keep.
+func TestMemoryQueueReleaseDropsAtOnce(t *testing.T) {
+	ctx := context.Background()
+	q := ferry.NewMemoryQueue(ferry.QueueID{Topic: "t"}, ferry.Retention{MaxMessages: 8, Overflow: ferry.Block})
+	defer q.Close()
+	_, err := q.Write(ctx, msgs(5, 10))
+	require.NoError(t, err)
+	q.Release(3)
+	n, bytes := q.Len()
+	assert.Equal(t, 2, n)
+	assert.Equal(t, int64(20), bytes)
+	oldest, next := q.Offsets()
+	assert.Equal(t, int64(3), oldest)
+	assert.Equal(t, int64(5), next)
+	q.Release(9) // past the end: everything goes, offsets stay
+	n, bytes = q.Len()
+	assert.Equal(t, 0, n)
+	assert.Zero(t, bytes)
+	first, err := q.Write(ctx, msgs(1, 10))
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), first)
+}

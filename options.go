@@ -94,7 +94,11 @@ func WithMemberID(id string) ConsumerOption { return func(c *consumerConfig) { c
 
 // WithConcurrency sets how many goroutines run the handler (push only).
 // Default: [DefaultConcurrency]. With [Ordered] a queue is still handled by
-// one goroutine at a time.
+// one goroutine at a time. The goroutines share a queue's messages as far
+// as it pays: the consumer times the handler, and a goroutine handles
+// alone as many messages (up to 16) as the handler gets through in about
+// 50µs, calling another only for more than that, so a fast handler is not
+// spread over goroutines that cost more to wake than the work they get.
 func WithConcurrency(n int) ConsumerOption {
 	return func(c *consumerConfig) { c.concurrency = n; c.push("WithConcurrency") }
 }

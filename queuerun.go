@@ -197,9 +197,10 @@ func (r *queueRun) fetch() {
 			}
 			batch = batch[k:]
 		}
-		r.buf.Advance(last + 1)
+		if r.buf.advance(last + 1) {
+			m.markDirty() // all filtered out: the cursor moves without a handler
+		}
 		clear(scratch[:n])
-		m.markDirty()
 	}
 }
 

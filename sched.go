@@ -24,17 +24,27 @@ func (s *scheduler) signal() {
 	}
 }
 
-// push lists r as having pending messages.
+// push lists r as having pending messages and wakes a taker.
 func (s *scheduler) push(r *queueRun) {
+	if s.list(r) {
+		s.signal()
+	}
+}
+
+// pushQuiet lists r without waking anyone: for a taker that comes back
+// for it next (another that is awake may take it first).
+func (s *scheduler) pushQuiet(r *queueRun) { s.list(r) }
+
+// list lists r as having pending messages; false if it was listed.
+func (s *scheduler) list(r *queueRun) bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if r.inReady {
-		s.mu.Unlock()
-		return
+		return false
 	}
 	r.inReady = true
 	s.ready = append(s.ready, r)
-	s.mu.Unlock()
-	s.signal()
+	return true
 }
 
 // pushRetry lists a retry that is due.
