@@ -116,9 +116,12 @@ func (p *Producer) TrySend(m *Message) (SendResult, error) {
 // one-message batch stays on the stack, so a send allocates only the
 // message (192 bytes); other queues get a batch from the heap.
 func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult, error) {
+	if err := ctx.Err(); err != nil {
+		return SendResult{}, err
+	}
 	em := &EnhancedMessage{}
 	now := stampTime()
-	t, i, err := p.prepare(ctx, m, em, now)
+	t, i, err := p.prepare(m, em, now, reserveIDs(1))
 	if err != nil {
 		return SendResult{}, err
 	}
@@ -147,14 +150,14 @@ func writeAt(ctx context.Context, q Queue, msgs []*EnhancedMessage, now time.Tim
 	return q.Write(ctx, msgs)
 }
 
-// prepare checks m, stamps it into em and routes it: em goes to queue i
-// of t.
-func (p *Producer) prepare(ctx context.Context, m *Message, em *EnhancedMessage, now time.Time) (t *topicState, i int, err error) {
-	if t, err = p.check(ctx, m); err != nil {
+// prepare checks m, stamps it into em with ID counter value c and routes
+// it: em goes to queue i of t. The caller checks ctx.
+func (p *Producer) prepare(m *Message, em *EnhancedMessage, now time.Time, c uint64) (t *topicState, i int, err error) {
+	if t, err = p.check(m); err != nil {
 		return nil, 0, err
 	}
 	em.Message = *m
-	em.ID = NewMessageID(now)
+	em.ID = messageID(now, c)
 	em.BornTime = now
 	em.BornAddress = bornAddress
 	em.Producer = p.name
@@ -164,15 +167,12 @@ func (p *Producer) prepare(ctx context.Context, m *Message, em *EnhancedMessage,
 	return t, i, nil
 }
 
-func (p *Producer) check(ctx context.Context, m *Message) (*topicState, error) {
+func (p *Producer) check(m *Message) (*topicState, error) {
 	if p.closed.Load() {
 		return nil, ErrClosed
 	}
 	if m == nil {
 		return nil, fmt.Errorf("%w: nil message", ErrInvalidMessage)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
 	}
 	t := p.last.Load()
 	if t == nil || t.meta.Name != m.Topic || p.b.closed.Load() {
@@ -214,19 +214,37 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 		}
 		return nil, nil
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("ferry: send batch: %w", err)
+	}
 	now := stampTime()
 	ems := make([]EnhancedMessage, len(msgs))
+	first := reserveIDs(len(msgs))
 	type target struct {
 		t      *topicState
 		bucket int // first bucket of the topic
 	}
 	var targets []target
-	bucketOf := make([]int, len(msgs))
-	buckets := 0
+	var bucketOf []int // nil while every message goes to queue q0 of targets[0]
+	q0, buckets := 0, 0
 	for i, m := range msgs {
-		t, q, err := p.prepare(ctx, m, &ems[i], now)
+		t, q, err := p.prepare(m, &ems[i], now, first+uint64(i))
 		if err != nil {
 			return nil, fmt.Errorf("ferry: send batch: message %d: %w", i, err)
+		}
+		if i == 0 {
+			targets = append(targets, target{t: t})
+			buckets, q0 = t.meta.Queues, q
+			continue
+		}
+		if bucketOf == nil && t == targets[0].t && q == q0 {
+			continue
+		}
+		if bucketOf == nil {
+			bucketOf = make([]int, len(msgs))
+			for j := range i {
+				bucketOf[j] = q0
+			}
 		}
 		k := -1
 		for j := range targets {
@@ -241,6 +259,9 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 			k = len(targets) - 1
 		}
 		bucketOf[i] = targets[k].bucket + q
+	}
+	if bucketOf == nil {
+		return p.writeOne(ctx, targets[0].t, q0, ems, now)
 	}
 	// Counting sort by bucket keeps each queue's messages in input order.
 	start := make([]int, buckets+1)
@@ -276,6 +297,27 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 				results[index[k]] = SendResult{ID: em.ID, Queue: QueueID{Topic: em.Topic, Queue: q}, Offset: em.Offset}
 			}
 		}
+	}
+	return results, nil
+}
+
+// writeOne writes a batch whose messages all go to queue q of t: no
+// sorting, one Write.
+func (p *Producer) writeOne(ctx context.Context, t *topicState, q int, ems []EnhancedMessage, now time.Time) ([]SendResult, error) {
+	ptrs := make([]*EnhancedMessage, len(ems))
+	for i := range ems {
+		ptrs[i] = &ems[i]
+	}
+	results := make([]SendResult, len(ems))
+	if _, err := writeAt(ctx, t.queues[q], ptrs, now); err != nil {
+		for i := range results {
+			results[i].Offset = -1
+		}
+		return results, fmt.Errorf("ferry: send batch: write %s: %w", t.queues[q].ID(), err)
+	}
+	id := QueueID{Topic: t.meta.Name, Queue: q}
+	for i := range ems {
+		results[i] = SendResult{ID: ems[i].ID, Queue: id, Offset: ems[i].Offset}
 	}
 	return results, nil
 }

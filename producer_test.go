@@ -1,6 +1,7 @@
 package ferry_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -352,4 +353,47 @@ func TestTrySendUsesTryWriterOfOtherQueues(t *testing.T) {
 	_, err = p.Send(short, &ferry.Message{Topic: "bp"})
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, int64(1), stored(t, b, "bp"))
+}
+
+// A batch whose messages all go to one queue is one Write in input order,
+// with consecutive offsets and IDs that grow with the input; if that
+// Write fails every result has Offset -1.
+func TestSendBatchToOneQueue(t *testing.T) {
+	ctx := context.Background()
+	st := &countingStorage{MemoryStorage: ferry.NewMemoryStorage(), writes: map[ferry.QueueID]int{}, failOn: ferry.QueueID{Topic: "orders", Queue: 1}}
+	defer st.Close()
+	b := newBroker(t, 2, ferry.WithStorage(st))
+	p := newProducer(t, b, ferry.WithRouter(ferry.ManualRouter(0)))
+	msgs := make([]*ferry.Message, 50)
+	for i := range msgs {
+		msgs[i] = &ferry.Message{Topic: "orders", Body: fmt.Append(nil, i)}
+	}
+	results, err := p.SendBatch(ctx, msgs)
+	require.NoError(t, err)
+	require.Len(t, results, 50)
+	assert.Equal(t, 1, st.writes[ferry.QueueID{Topic: "orders", Queue: 0}])
+	q, err := b.Queue("orders", 0)
+	require.NoError(t, err)
+	dst := make([]*ferry.EnhancedMessage, 50)
+	n, err := q.Read(ctx, 0, dst)
+	require.NoError(t, err)
+	require.Equal(t, 50, n)
+	for i, r := range results {
+		assert.Equal(t, ferry.QueueID{Topic: "orders", Queue: 0}, r.Queue)
+		assert.Equal(t, int64(i), r.Offset)
+		assert.Equal(t, r.ID, dst[i].ID)
+		assert.Equal(t, string(msgs[i].Body), string(dst[i].Body))
+		if i > 0 {
+			assert.Positive(t, bytes.Compare(r.ID[:], results[i-1].ID[:]), "IDs grow with the input")
+		}
+	}
+
+	p1 := newProducer(t, b, ferry.WithRouter(ferry.ManualRouter(1)))
+	results, err = p1.SendBatch(ctx, msgs[:3])
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "orders[1]")
+	require.Len(t, results, 3)
+	for _, r := range results {
+		assert.Equal(t, int64(-1), r.Offset)
+	}
 }
