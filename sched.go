@@ -10,8 +10,8 @@ import (
 // of capacity 1: a taker that leaves work behind passes the signal on.
 type scheduler struct {
 	mu      sync.Mutex // guards ready, retries and every run's inReady
-	ready   []*queueRun
-	retries []*retryItem
+	ready   fifo[queueRun]
+	retries fifo[retryItem]
 	wake    chan struct{}
 }
 
@@ -43,14 +43,14 @@ func (s *scheduler) list(r *queueRun) bool {
 		return false
 	}
 	r.inReady = true
-	s.ready = append(s.ready, r)
+	s.ready.push(r)
 	return true
 }
 
 // pushRetry lists a retry that is due.
 func (s *scheduler) pushRetry(it *retryItem) {
 	s.mu.Lock()
-	s.retries = append(s.retries, it)
+	s.retries.push(it)
 	s.mu.Unlock()
 	s.signal()
 }
@@ -62,22 +62,18 @@ func (s *scheduler) next(ctx context.Context, halt <-chan struct{}) (*queueRun, 
 		s.mu.Lock()
 		var r *queueRun
 		var it *retryItem
-		if len(s.retries) > 0 {
-			it = s.retries[0]
-			s.retries[0] = nil
-			s.retries = s.retries[1:]
+		if s.retries.len() > 0 {
+			it = s.retries.pop()
 		} else {
-			for len(s.ready) > 0 && r == nil {
-				r = s.ready[0]
-				s.ready[0] = nil
-				s.ready = s.ready[1:]
+			for s.ready.len() > 0 && r == nil {
+				r = s.ready.pop()
 				r.inReady = false
 				if r.releasing.Load() {
 					r = nil
 				}
 			}
 		}
-		more := len(s.retries) > 0 || len(s.ready) > 0
+		more := s.retries.len() > 0 || s.ready.len() > 0
 		s.mu.Unlock()
 		if more {
 			s.signal()
@@ -93,4 +89,34 @@ func (s *scheduler) next(ctx context.Context, halt <-chan struct{}) (*queueRun, 
 			return nil, nil
 		}
 	}
+}
+
+// fifo is a queue over a slice that starts over once emptied and reuses
+// its front when full, so that it does not reallocate as it cycles.
+type fifo[T any] struct {
+	items []*T
+	head  int
+}
+
+func (q *fifo[T]) len() int { return len(q.items) - q.head }
+
+func (q *fifo[T]) push(x *T) {
+	if len(q.items) == cap(q.items) && q.head > 0 {
+		// Full, with room at the front: move the items there rather than grow.
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items, q.head = q.items[:n], 0
+	}
+	q.items = append(q.items, x)
+}
+
+// pop returns the oldest item; the queue must not be empty.
+func (q *fifo[T]) pop() *T {
+	x := q.items[q.head]
+	q.items[q.head] = nil
+	q.head++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+	return x
 }
