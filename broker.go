@@ -31,6 +31,7 @@ type Broker struct {
 	mu sync.Mutex // serializes CreateTopic and Close
 
 	groups groupRegistry // membership, queue locks, consumers to close
+	clock  *coarseClock  // stamps messages
 }
 
 // topicState is a topic and its open queues; immutable once published.
@@ -71,7 +72,7 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 			o(&c)
 		}
 	}
-	b := &Broker{storage: c.storage, cursors: c.cursors, log: c.log}
+	b := &Broker{storage: c.storage, cursors: c.cursors, log: c.log, clock: newCoarseClock()}
 	b.groups.init()
 	if b.storage == nil {
 		b.storage, b.ownsStorage = NewMemoryStorage(), true
@@ -244,6 +245,7 @@ func (b *Broker) Close() error {
 	if b.closed.Swap(true) {
 		return nil
 	}
+	b.clock.close()
 	errs := []error{consumersErr}
 	for _, t := range *b.topics.Load() {
 		for _, q := range t.queues {

@@ -20,7 +20,12 @@ type EnhancedMessage struct {
 	Message
 	// ID is unique and roughly sortable by time; see [MessageID].
 	ID MessageID
-	// BornTime is when the producer stamped the message.
+	// BornTime is when the producer stamped the message. While a broker's
+	// producers send more than about 64,000 messages a second, they stamp
+	// them with a reading of the clock the broker refreshes every
+	// millisecond instead of reading the clock per message: BornTime then
+	// has millisecond resolution and can lag the wall clock by a
+	// millisecond, more when the machine is saturated.
 	BornTime time.Time
 	// BornAddress names the host that produced the message.
 	BornAddress string
@@ -31,7 +36,9 @@ type EnhancedMessage struct {
 	Queue int
 	// Offset is the message's position in its queue.
 	Offset int64
-	// StoreTime is when the queue stored the message.
+	// StoreTime is when the queue stored the message. A memory queue
+	// written by a Producer takes the producer's stamp (BornTime) unless
+	// the write had to wait for room.
 	StoreTime time.Time
 }
 

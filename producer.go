@@ -120,7 +120,7 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 		return SendResult{}, err
 	}
 	em := &EnhancedMessage{}
-	now := stampTime()
+	now := p.b.clock.now()
 	t, i, err := p.prepare(m, em, now, reserveIDs(1))
 	if err != nil {
 		return SendResult{}, err
@@ -217,7 +217,7 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("ferry: send batch: %w", err)
 	}
-	now := stampTime()
+	now := p.b.clock.now()
 	ems := make([]EnhancedMessage, len(msgs))
 	first := reserveIDs(len(msgs))
 	type target struct {
