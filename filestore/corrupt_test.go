@@ -265,6 +265,17 @@ func TestCorruption(t *testing.T) {
 			},
 		},
 		{
+			name: "zeros after the frames of an older segment (a lost cut of reserved space): ErrCorrupt at Open",
+			damage: func(t *testing.T, dir string) {
+				appendTo(t, segments(t, dir)[1], make([]byte, 8192))
+			},
+			check: func(t *testing.T, dir string, all []*ferry.EnhancedMessage) {
+				_, err := filestore.Open(dir, corruptOptions()...)
+				require.ErrorIs(t, err, ferry.ErrCorrupt)
+				assert.Contains(t, err.Error(), filepath.Base(segments(t, dir)[1]))
+			},
+		},
+		{
 			name: "missing middle segment: ErrCorrupt at Open",
 			damage: func(t *testing.T, dir string) {
 				require.NoError(t, os.Remove(segments(t, dir)[1]))

@@ -31,16 +31,30 @@
 // queue has one writer goroutine, so concurrent writers share one write
 // and one fdatasync (group commit). [SyncEvery] syncs on an interval,
 // [SyncNever] leaves it to the operating system; under both a Write
-// appends its own frame in the calling goroutine (one write, under the
-// queue's write lock) and returns once it is in the page cache. Directories are synced
-// after every create, rename and delete. A write or fsync error makes the
+// appends its own frame in the calling goroutine (under the queue's write
+// lock) and returns once it is in the page cache, which a crash of the
+// process does not lose. Directories are synced after every create,
+// rename and delete. A write, fsync or space reservation error makes the
 // queue fail every later write with [ErrFailed]: it is never retried.
+//
+// On 64-bit Linux the active segment of each queue is memory-mapped
+// (shared, up to the segment size of address space per open queue): a
+// write copies its frame into the mapping, the page cache itself, with no
+// system call. Disk space is reserved ahead of the writes with fallocate,
+// in steps doubling from 64 KiB up to the segment size, so a full disk
+// fails a write instead of raising SIGBUS when the kernel writes the page
+// back. On other platforms, and on file systems that cannot reserve
+// space, every write is a pwrite. A sealed segment is cut to the length of
+// its frames; a crash leaves the newest one longer, zeros after its last
+// frame, which Open cuts like a torn tail (see Recovery).
 //
 // # Recovery
 //
 // [Open] reads the newest segment of each queue and cuts it at the first
-// torn or bad frame (a zero-filled or garbage tail included), which under
-// SyncAlways only ever drops unacknowledged writes. Older segments are
+// torn or bad frame (a zero-filled or garbage tail included, or space
+// reserved and not written), which under SyncAlways, and under any policy
+// after a crash of the process alone, only ever drops unacknowledged
+// writes. Older segments are
 // sealed: their index and last frames are checked at Open ([WithVerify]
 // checks every frame), and a bad frame in one is [ferry.ErrCorrupt], naming
 // the file and byte, at Open or on Read — never skipped. Committed cursors

@@ -29,9 +29,12 @@ var (
 	// fdatasync (group commit). Commits to the cursor store likewise return
 	// once the cursor file is renamed into place and synced.
 	SyncAlways = SyncPolicy{mode: syncAlways}
-	// SyncNever leaves flushing to the operating system: a process crash
-	// loses nothing acknowledged, a power loss may lose recent writes.
-	// Directories are still synced after create, rename and delete.
+	// SyncNever leaves flushing to the operating system: a Write returns
+	// once its bytes are in the page cache, so a crash of the process loses
+	// no acknowledged write, but a power loss may lose recent writes.
+	// Directories are still synced after create, rename and delete. Cursor
+	// commits return before the cursor file is written (at once, in the
+	// background): a crash may lose the latest.
 	SyncNever = SyncPolicy{mode: syncNever}
 )
 

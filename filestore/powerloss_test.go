@@ -18,8 +18,8 @@ import (
 // TestSimulatedPowerLoss checks SyncAlways against a crash that loses
 // what was not fdatasynced, which a SIGKILL (the page cache survives)
 // cannot show. While writers run, it freezes at a random moment the set of
-// acknowledged messages and the length each segment had at its last
-// fdatasync; after the run it cuts every segment back to that length,
+// acknowledged messages and the length of the frames each segment had at
+// its last fdatasync (a mapped segment's file is longer: space reserved); after the run it cuts every segment back to that length,
 // removes segments created later and appends zeros or garbage to the
 // newest, as a power loss can leave it. Every message acknowledged before
 // the freeze must come back intact.
@@ -48,8 +48,9 @@ func TestSimulatedPowerLoss(t *testing.T) {
 					if err != nil {
 						return err
 					}
+					n := framesEnd(f, fi.Size())
 					mu.Lock()
-					synced[filepath.Base(f.Name())] = fi.Size()
+					synced[filepath.Base(f.Name())] = n
 					mu.Unlock()
 				}
 				return nil
@@ -147,5 +148,17 @@ func TestSimulatedPowerLoss(t *testing.T) {
 			}
 			t.Logf("freeze after %d acks: %d acknowledged then, %d recovered", freezeAt, len(frozenAcked), next)
 		})
+	}
+}
+
+// framesEnd returns the length of the whole frames at the start of f, of
+// size bytes: the file's length unless space is reserved after them.
+func framesEnd(f *os.File, size int64) int64 {
+	sc := newFrameScanner(f, 0, size, DefaultMaxFrameBytes)
+	for {
+		pos := sc.pos()
+		if _, _, err := sc.next(); err != nil {
+			return pos
+		}
 	}
 }

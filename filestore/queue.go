@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ferrymq/ferry"
 )
@@ -60,8 +61,10 @@ type queue struct {
 	out      []byte
 	flat     []*ferry.EnhancedMessage
 	frames   []frameInfo
-	dirty    bool // bytes written since the last fdatasync
-	ageArmed bool // the writer goroutine's age timer is set
+	spans    [][2]int  // of enc, the messages of each frame
+	clock    time.Time // the last full reading of the clock (stamp)
+	dirty    bool      // bytes written since the last fdatasync
+	ageArmed bool      // the writer goroutine's age timer is set
 }
 
 var (
@@ -102,6 +105,7 @@ func newQueue(st *Store, id ferry.QueueID, dir string, segs []*segment, ret ferr
 		stop:    make(chan struct{}),
 	}
 	q.cacheBase = q.next
+	q.mapActive(segs[len(segs)-1])
 	q.wg.Add(1)
 	go q.run()
 	return q
@@ -239,8 +243,11 @@ func (q *queue) Close() error {
 	q.wg.Wait()
 	// A direct writer that got in before closed was set finishes first.
 	q.wmu.Lock()
-	q.segMu.Lock()
 	var errs []error
+	if _, err := q.seal(q.segs[len(q.segs)-1]); err != nil { // done by the writer goroutine unless it failed
+		errs = append(errs, err)
+	}
+	q.segMu.Lock()
 	for _, s := range q.segs {
 		errs = append(errs, s.f.Close())
 	}

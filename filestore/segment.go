@@ -27,6 +27,12 @@ type segment struct {
 	firstTime int64 // store time of the first frame, Unix ns; 0 when empty
 	lastTime  int64 // store time of the last frame
 	index     []indexEntry
+
+	// The active segment's file is memory-mapped where possible (see
+	// active.go). Both fields are written under wmu by the writer alone;
+	// readers read the file with pread, never through mm.
+	mm    []byte // the mapping, nil when the segment is written with pwrite
+	alloc int64  // the file's length: size, or more when space is reserved
 }
 
 // indexEntry maps the first offset of a frame to the frame's position.

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferrymq/ferry"
@@ -48,7 +49,8 @@ type Store struct {
 
 	closeMu sync.Mutex // serializes Close
 
-	recovery Recovery // written by Open only
+	recovery Recovery    // written by Open only
+	noMmap   atomic.Bool // mapping or reserving space failed once: write with pwrite
 	cursors  *cursorStore
 }
 

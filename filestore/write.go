@@ -75,7 +75,11 @@ func (q *queue) run() {
 				r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)}
 			}
 			q.pending = nil
-			if q.dirty && q.cfg.sync.mode != syncNever {
+			cut, err := q.seal(q.segs[len(q.segs)-1])
+			if err != nil {
+				q.fail(err)
+			}
+			if (q.dirty || cut) && q.cfg.sync.mode != syncNever {
 				q.syncActive()
 			}
 			q.wmu.Unlock()
@@ -201,7 +205,7 @@ func (q *queue) commit(batch []*writeReq) {
 // must be held: it is held by every writer of q.next and q.segs, so they
 // are read here without mu and segMu.
 func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) error {
-	now := time.Now()
+	now := q.stamp()
 	nowNano := now.UnixNano()
 	first := q.next
 	rollCount, rollBytes, rollAge := q.rollLimits(ret)
@@ -217,16 +221,25 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 		q.ends = append(q.ends, len(q.enc))
 	}
 
-	type undo struct {
-		s    *segment
-		size int64
+	type undo struct { // a segment's accounting before this write
+		s                                        *segment
+		next, size, sizeSum, firstTime, lastTime int64
+		index                                    int
 	}
 	var touchedBuf [2]undo
 	touched := touchedBuf[:0]
 	fail := func(err error) error {
+		// Cut the frames written back off and forget them. The queue
+		// fails, so nothing touches a mapping past the cut.
+		q.segMu.Lock()
 		for _, u := range touched {
-			_ = u.s.f.Truncate(u.size)
+			s := u.s
+			_ = s.f.Truncate(u.size)
+			s.alloc = min(s.alloc, u.size)
+			s.next, s.size, s.sizeSum, s.firstTime, s.lastTime = u.next, u.size, u.sizeSum, u.firstTime, u.lastTime
+			s.index = s.index[:u.index]
 		}
+		q.segMu.Unlock()
 		q.fail(err)
 		return q.failedErr()
 	}
@@ -258,8 +271,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 		}
 		// Frames for this segment.
 		at := size
-		q.out = q.out[:0]
-		q.frames = q.frames[:0]
+		q.frames, q.spans = q.frames[:0], q.spans[:0]
 		for i < len(msgs) {
 			j, fsum := i, int64(0)
 			for j < len(msgs) {
@@ -282,16 +294,24 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 			if j == i {
 				break
 			}
-			start := len(q.out)
-			q.out = appendFrame(q.out, msgs[i].Offset, j-i, nowNano, fsum, q.enc[encStart(i):q.ends[j-1]])
-			q.frames = append(q.frames, frameInfo{base: msgs[i].Offset, count: j - i, time: nowNano, sizeSum: fsum, totalLen: len(q.out) - start})
+			q.frames = append(q.frames, frameInfo{base: msgs[i].Offset, count: j - i, time: nowNano, sizeSum: fsum, totalLen: frameHeader + q.ends[j-1] - encStart(i)})
+			q.spans = append(q.spans, [2]int{encStart(i), q.ends[j-1]})
 			if firstTime == 0 {
 				firstTime = nowNano
 			}
 			i = j
 		}
-		touched = append(touched, undo{act, at})
-		if _, err := act.f.WriteAt(q.out, at); err != nil {
+		touched = append(touched, undo{act, act.next, act.size, act.sizeSum, act.firstTime, act.lastTime, len(act.index)})
+		// The frames go straight into the mapping, or into q.out for a
+		// pwrite.
+		buf, mapped, err := q.activeBuf(act, at, size-at)
+		if err != nil {
+			return fail(err)
+		}
+		for k, fi := range q.frames {
+			buf = appendFrame(buf, fi.base, fi.count, nowNano, fi.sizeSum, q.enc[q.spans[k][0]:q.spans[k][1]])
+		}
+		if err := q.writeActive(act, buf, at, mapped); err != nil {
 			return fail(err)
 		}
 		q.dirty = true
@@ -336,6 +356,23 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 		q.enc, q.out = nil, nil
 	}
 	return nil
+}
+
+// clockResync bounds how long stamp goes without reading the wall clock.
+const clockResync = 100 * time.Millisecond
+
+// stamp returns the current time for StoreTime. It reads the wall clock at
+// most every clockResync and in between advances the last reading by the
+// monotonic clock alone, which costs half as much (like the core's
+// producer clock). wmu must be held.
+func (q *queue) stamp() time.Time {
+	if !q.clock.IsZero() {
+		if d := time.Since(q.clock); d >= 0 && d < clockResync {
+			return q.clock.Add(d)
+		}
+	}
+	q.clock = time.Now()
+	return q.clock
 }
 
 // trimCache keeps the cache within its bounds and at or above oldest.
@@ -389,14 +426,17 @@ func (q *queue) failedErr() error {
 	return q.failed
 }
 
-// roll seals the active segment (fdatasync unless SyncNever, index file)
-// and starts a new one.
+// roll seals the active segment (cut to its length, fdatasync unless
+// SyncNever, index file) and starts a new one.
 func (q *queue) roll() error {
 	q.segMu.RLock()
 	old := q.segs[len(q.segs)-1]
 	idx := encodeIndex(old)
 	base := old.next
 	q.segMu.RUnlock()
+	if _, err := q.seal(old); err != nil {
+		return err
+	}
 	if q.cfg.sync.mode != syncNever {
 		if err := syncFile(old.f); err != nil {
 			return err
@@ -417,8 +457,10 @@ func (q *queue) roll() error {
 		_ = f.Close()
 		return err
 	}
+	s := &segment{name: name, f: f, base: base, next: base}
+	q.mapActive(s)
 	q.segMu.Lock()
-	q.segs = append(q.segs, &segment{name: name, f: f, base: base, next: base})
+	q.segs = append(q.segs, s)
 	q.segMu.Unlock()
 	return nil
 }

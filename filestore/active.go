@@ -1,0 +1,120 @@
+package filestore
+
+import "fmt"
+
+// The active segment of a queue is written through a shared memory
+// mapping of its file where the platform allows (64-bit Linux): a write is
+// a copy into the page cache, with no system call, and survives a crash
+// of the process as a pwrite would. Disk space is reserved ahead of the
+// writes with fallocate (in steps that double, from minReserve up to the
+// segment size), so that writing back a dirty page can never find the
+// disk full, which would raise SIGBUS; a full disk fails the fallocate,
+// and so the write, instead. Where fallocate is not supported the store
+// writes with pwrite.
+//
+// Readers never see the mapping: they read the file with pread, which
+// sees the same page cache. A writer copies a frame into the mapping and
+// then publishes the segment's new size under segMu, which readers take
+// before they read up to that size. Sealing a segment (roll-over, Close)
+// unmaps it and cuts the file to its written length, so sealed segments
+// are exactly as long as their frames. A file left longer by a crash has
+// zeros after its last frame, which recovery cuts like any torn tail.
+
+// useMmap is mmapSupported, turned off by tests of the pwrite path.
+var useMmap = mmapSupported
+
+// minReserve is the first step of space reserved in a mapped segment.
+const minReserve = 64 << 10
+
+// mapActive maps s, the active segment, for writing, unless the platform
+// or the file system does not allow it or s is already at its size bound.
+// wmu must be held, or the queue not started.
+func (q *queue) mapActive(s *segment) {
+	s.alloc = s.size
+	n := q.cfg.segmentBytes
+	if !useMmap || q.st.noMmap.Load() || s.mm != nil || s.size >= n {
+		return
+	}
+	mm, err := mmapFile(s.f, int(n))
+	if err != nil {
+		q.st.noMmap.Store(true)
+		q.st.cfg.log.Info("ferry: filestore: writing with pwrite", "queue", q.id.String(), "err", err)
+		return
+	}
+	s.mm = mm
+}
+
+// activeBuf returns the buffer to build n bytes of frames in, to be
+// written at position at of segment s: the mapping itself (mapped true)
+// when they fit in it, after reserving space for them, and q.out
+// otherwise. wmu must be held.
+func (q *queue) activeBuf(s *segment, at, n int64) (buf []byte, mapped bool, err error) {
+	end := at + n
+	if s.mm != nil && end <= int64(len(s.mm)) {
+		if end > s.alloc {
+			r := min(int64(len(s.mm)), max(end, 2*s.alloc, minReserve))
+			err := fallocateFile(s.f, s.alloc, r-s.alloc)
+			switch {
+			case err == nil:
+				s.alloc = r
+			case noReserve(err):
+				q.st.noMmap.Store(true)
+				q.st.cfg.log.Info("ferry: filestore: writing with pwrite", "queue", q.id.String(), "err", err)
+				if err := q.unmap(s); err != nil {
+					return nil, false, err
+				}
+			default:
+				return nil, false, err
+			}
+		}
+		if s.mm != nil {
+			return s.mm[at:at:end], true, nil
+		}
+	}
+	return q.out[:0], false, nil
+}
+
+// writeActive completes the write of the frames built in buf, a buffer
+// from activeBuf: a pwrite unless they are in the mapping already. wmu
+// must be held.
+func (q *queue) writeActive(s *segment, buf []byte, at int64, mapped bool) error {
+	if mapped {
+		if &buf[0] != &s.mm[at] { // the frames outgrew the buffer: a bug
+			return fmt.Errorf("filestore: frames of %d bytes outgrew their space in %s", len(buf), s.name)
+		}
+		return nil
+	}
+	q.out = buf
+	if _, err := s.f.WriteAt(buf, at); err != nil {
+		return err
+	}
+	s.alloc = max(s.alloc, at+int64(len(buf)))
+	return nil
+}
+
+// unmap removes s's mapping, if any. wmu must be held.
+func (q *queue) unmap(s *segment) error {
+	if s.mm == nil {
+		return nil
+	}
+	mm := s.mm
+	s.mm = nil
+	return munmapFile(s.f, mm)
+}
+
+// seal unmaps s and cuts its file to its written length. It reports
+// whether it changed the file's length, which then needs a sync to be
+// durable. wmu must be held.
+func (q *queue) seal(s *segment) (cut bool, err error) {
+	if err := q.unmap(s); err != nil {
+		return false, err
+	}
+	if s.alloc <= s.size {
+		return false, nil
+	}
+	if err := s.f.Truncate(s.size); err != nil {
+		return false, err
+	}
+	s.alloc = s.size
+	return true, nil
+}
