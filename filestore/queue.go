@@ -38,7 +38,8 @@ type queue struct {
 	readers    []chan struct{}
 	released   int64 // Block overflow: offsets below may be dropped
 	closed     bool
-	failed     error // set once; every later write fails with it
+	failed     error                      // set once; every later write fails with it
+	state      atomic.Pointer[writeState] // closed, failed and ret, for writeDirect
 
 	reqs    chan *writeReq
 	kick    chan struct{}   // retention or release news, capacity 1
@@ -73,6 +74,19 @@ var (
 	_ ferry.Releaser  = (*queue)(nil)
 )
 
+// writeState is what a direct write checks first, published under mu
+// whenever it changes, so that a write reads it without taking mu.
+type writeState struct {
+	closed bool
+	failed error
+	ret    ferry.Retention
+}
+
+// publishState publishes closed, failed and ret. q.mu must be held.
+func (q *queue) publishState() {
+	q.state.Store(&writeState{closed: q.closed, failed: q.failed, ret: q.ret})
+}
+
 // writeReq is one Write waiting for the writer goroutine.
 type writeReq struct {
 	msgs  []*ferry.EnhancedMessage
@@ -105,6 +119,7 @@ func newQueue(st *Store, id ferry.QueueID, dir string, segs []*segment, ret ferr
 		stop:    make(chan struct{}),
 	}
 	q.cacheBase = q.next
+	q.publishState()
 	q.mapActive(segs[len(segs)-1])
 	q.wg.Add(1)
 	go q.run()
@@ -118,6 +133,7 @@ func (q *queue) ID() ferry.QueueID { return q.id }
 func (q *queue) setRetention(r ferry.Retention) {
 	q.mu.Lock()
 	q.ret = r
+	q.publishState()
 	q.mu.Unlock()
 	q.poke()
 }
@@ -144,16 +160,26 @@ func (q *queue) TryWrite(msgs []*ferry.EnhancedMessage) (int64, error) {
 // queue sets its Offset and StoreTime (two varints of at most 10 bytes).
 const maxCodecGrowth = 20
 
+// maxCodecFixed bounds what the encoding of a message without headers
+// adds to its Size, its Topic, BornAddress and Producer: version, ID,
+// queue, offset, two times, five string lengths and two counts, each
+// varint at most 10 bytes. A message that fits with it needs no exact
+// EncodedSize.
+const maxCodecFixed = 1 + 16 + 4*10 + 5*10 + 2*10
+
 func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bool) (int64, error) {
 	var size int64
 	for i, m := range msgs {
 		if m == nil {
 			return 0, fmt.Errorf("ferry: write %s: message %d: %w: nil", q.id, i, ferry.ErrInvalidMessage)
 		}
-		if n := ferry.EncodedSize(m) + maxCodecGrowth; n > q.cfg.maxFrameBytes-frameHeader {
-			return 0, fmt.Errorf("ferry: write %s: message %d: %w: %d bytes encoded, a frame holds %d", q.id, i, ferry.ErrMessageTooLarge, n, q.cfg.maxFrameBytes-frameHeader)
+		ms, limit := m.Size(), q.cfg.maxFrameBytes-frameHeader
+		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornAddress)+len(m.Producer)+maxCodecFixed+maxCodecGrowth > limit {
+			if n := ferry.EncodedSize(m) + maxCodecGrowth; n > limit {
+				return 0, fmt.Errorf("ferry: write %s: message %d: %w: %d bytes encoded, a frame holds %d", q.id, i, ferry.ErrMessageTooLarge, n, limit)
+			}
 		}
-		size += int64(m.Size())
+		size += int64(ms)
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("ferry: write %s: %w", q.id, err)
@@ -204,9 +230,8 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 func (q *queue) writeDirect(msgs []*ferry.EnhancedMessage, size int64) (first int64, err error, done bool) {
 	q.wmu.Lock()
 	defer q.wmu.Unlock()
-	q.mu.Lock()
-	closed, failed, ret, next := q.closed, q.failed, q.ret, q.next
-	q.mu.Unlock()
+	s := q.state.Load()
+	closed, failed, ret, next := s.closed, s.failed, s.ret, q.next // q.next: every writer holds wmu
 	switch {
 	case closed:
 		return 0, fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed), true
@@ -237,6 +262,7 @@ func (q *queue) Close() error {
 		return q.closeEr
 	}
 	q.closed = true
+	q.publishState()
 	q.wakeReaders()
 	q.mu.Unlock()
 	close(q.stop)

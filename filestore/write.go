@@ -416,6 +416,7 @@ func (q *queue) fail(err error) {
 	defer q.mu.Unlock()
 	if q.failed == nil {
 		q.failed = fmt.Errorf("%w: %w", ErrFailed, err)
+		q.publishState()
 		q.st.cfg.log.Error("ferry: filestore: queue failed", "queue", q.id.String(), "err", err)
 	}
 }
