@@ -32,7 +32,7 @@ const minReserve = 64 << 10
 func (q *queue) mapActive(s *segment) {
 	s.alloc = s.size
 	n := q.cfg.segmentBytes
-	if !useMmap || q.st.noMmap.Load() || s.mm != nil || s.size >= n {
+	if !useMmap || q.cfg.sync.mode == syncAlways || q.st.noMmap.Load() || s.mm != nil || s.size >= n {
 		return
 	}
 	mm, err := mmapFile(s.f, int(n))

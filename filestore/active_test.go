@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -105,4 +106,55 @@ func TestPwriteActiveSegment(t *testing.T) {
 	defer st.Close()
 	assert.Empty(t, st.Recovery().Truncated)
 	checkActiveMsgs(t, q, 300)
+}
+
+// Writers queued for the writer goroutine when Close runs get ErrClosed,
+// none waits forever, and every acknowledged write is kept.
+func TestCloseDuringGroupCommit(t *testing.T) {
+	dir := t.TempDir()
+	opts := []Option{WithSync(SyncAlways), WithSegmentBytes(8 << 10)}
+	st, q := openActive(t, dir, opts...)
+	var mu sync.Mutex
+	acked := map[int64]string{}
+	started := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	for w := range 32 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				body := fmt.Sprintf("w%d-%d", w, i)
+				first, err := q.Write(context.Background(), []*ferry.EnhancedMessage{testMsg(body)})
+				if err != nil {
+					assert.ErrorIs(t, err, ferry.ErrClosed)
+					return
+				}
+				mu.Lock()
+				acked[first] = body
+				if len(acked) == 200 {
+					once.Do(func() { close(started) })
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	<-started
+	require.NoError(t, st.Close())
+	wg.Wait()
+
+	st, q = openActive(t, dir, opts...)
+	defer st.Close()
+	_, next := q.Offsets()
+	got := map[int64]string{}
+	dst := make([]*ferry.EnhancedMessage, 64)
+	for off := int64(0); off < next; {
+		k, err := q.Read(context.Background(), off, dst)
+		require.NoError(t, err)
+		for _, m := range dst[:k] {
+			got[m.Offset] = string(m.Body)
+			off++
+		}
+	}
+	for off, body := range acked {
+		require.Equal(t, body, got[off], "offset %d", off)
+	}
 }

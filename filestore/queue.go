@@ -66,6 +66,9 @@ type queue struct {
 	clock    time.Time // the last full reading of the clock (stamp)
 	dirty    bool      // bytes written since the last fdatasync
 	ageArmed bool      // the writer goroutine's age timer is set
+	// groupHint is about the size of the recent groups (SyncAlways): the
+	// writer goroutine waits a little for a group to reach it.
+	groupHint int
 }
 
 var (
@@ -86,6 +89,11 @@ type writeState struct {
 func (q *queue) publishState() {
 	q.state.Store(&writeState{closed: q.closed, failed: q.failed, ret: q.ret})
 }
+
+// reqsBuffer is the capacity of a queue's channel of writes, so that a
+// writer queues its write without waiting for the writer goroutine to
+// take it (one park per write, on its result, instead of two).
+const reqsBuffer = 256
 
 // writeReq is one Write waiting for the writer goroutine.
 type writeReq struct {
@@ -113,7 +121,7 @@ func newQueue(st *Store, id ferry.QueueID, dir string, segs []*segment, ret ferr
 		id: id, st: st, dir: dir, cfg: &st.cfg, segs: segs, ret: ret,
 		oldest:  segs[0].base,
 		next:    segs[len(segs)-1].next,
-		reqs:    make(chan *writeReq),
+		reqs:    make(chan *writeReq, reqsBuffer),
 		kick:    make(chan struct{}, 1),
 		retainC: make(chan chan error),
 		stop:    make(chan struct{}),
@@ -217,10 +225,14 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 		if r.state.CompareAndSwap(reqPending, reqCanceled) {
 			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ctx.Err())
 		}
-		// The writer has the batch: it is all or nothing, wait for which.
-		res := <-r.done
-		return res.first, res.err
+	case <-q.stop: // r may be left in q.reqs: the writer goroutine is gone
+		if r.state.CompareAndSwap(reqPending, reqCanceled) {
+			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)
+		}
 	}
+	// The writer has the batch: it is all or nothing, wait for which.
+	res := <-r.done
+	return res.first, res.err
 }
 
 // writeDirect appends msgs in the calling goroutine under wmu, for

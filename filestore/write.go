@@ -33,10 +33,18 @@ func (q *queue) run() {
 			q.drain()
 			if q.cfg.sync.mode == syncAlways {
 				// Writers acknowledged by the last fdatasync are runnable
-				// but may not have queued their next write yet: yield once
-				// so that they join this group instead of the next.
-				runtime.Gosched()
-				q.drain()
+				// but may not have queued their next write yet: yield
+				// while they come, and until the group is as large as the
+				// recent ones, so that they join this group instead of
+				// the next (a group missed by some writers would
+				// otherwise split them in two cohorts that alternate,
+				// each with an fdatasync of its own).
+				for range maxGather {
+					runtime.Gosched()
+					if q.drain() == 0 && len(q.pending) >= q.groupHint {
+						break
+					}
+				}
 			}
 		case <-q.kick:
 			q.wmu.Lock()
@@ -71,8 +79,12 @@ func (q *queue) run() {
 			continue
 		case <-q.stop:
 			q.wmu.Lock()
+			for q.drain() > 0 {
+			}
 			for _, r := range q.pending {
-				r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)}
+				if r.state.CompareAndSwap(reqPending, reqTaken) {
+					r.done <- writeRes{err: fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)}
+				}
 			}
 			q.pending = nil
 			cut, err := q.seal(q.segs[len(q.segs)-1])
@@ -94,17 +106,25 @@ func (q *queue) run() {
 	}
 }
 
-// drain takes the writes waiting to be queued, up to maxPending pending.
-func (q *queue) drain() {
+// drain takes the writes waiting to be queued, up to maxPending pending,
+// and returns how many it took.
+func (q *queue) drain() int {
+	n := 0
 	for len(q.pending) < maxPending {
 		select {
 		case r := <-q.reqs:
 			q.pending = append(q.pending, r)
+			n++
 		default:
-			return
+			return n
 		}
 	}
+	return n
 }
+
+// maxGather bounds the yields of the writer goroutine gathering a group
+// under SyncAlways.
+const maxGather = 64
 
 // maxPending bounds the writes taken into one group.
 const maxPending = 4096
@@ -180,6 +200,7 @@ func (q *queue) process() {
 
 // commit writes batch and acknowledges each of its writes.
 func (q *queue) commit(batch []*writeReq) {
+	q.groupHint = max(len(batch), q.groupHint-q.groupHint/8)
 	q.flat = q.flat[:0]
 	for _, r := range batch {
 		q.flat = append(q.flat, r.msgs...)
