@@ -95,6 +95,11 @@ func (q *queue) publishState() {
 // take it (one park per write, on its result, instead of two).
 const reqsBuffer = 256
 
+// reqPool holds writeReqs whose result was received: the writer goroutine
+// no longer refers to them. A canceled one may still be in q.pending or
+// q.reqs and is left to the garbage collector.
+var reqPool = sync.Pool{New: func() any { return &writeReq{done: make(chan writeRes, 1)} }}
+
 // writeReq is one Write waiting for the writer goroutine.
 type writeReq struct {
 	msgs  []*ferry.EnhancedMessage
@@ -197,29 +202,37 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 			return first, err
 		}
 	}
-	q.mu.Lock()
-	closed, failed, ret, next := q.closed, q.failed, q.ret, q.next
-	q.mu.Unlock()
+	s := q.state.Load()
 	switch {
-	case closed:
+	case s.closed:
 		return 0, fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)
-	case failed != nil:
-		return 0, fmt.Errorf("ferry: write %s: %w", q.id, failed)
-	case over(int64(len(msgs)), ret.MaxMessages) || over(size, ret.MaxBytes):
+	case s.failed != nil:
+		return 0, fmt.Errorf("ferry: write %s: %w", q.id, s.failed)
+	case over(int64(len(msgs)), s.ret.MaxMessages) || over(size, s.ret.MaxBytes):
 		return 0, fmt.Errorf("ferry: write %s: %w: batch of %d messages, %d bytes exceeds retention", q.id, ferry.ErrMessageTooLarge, len(msgs), size)
 	case len(msgs) == 0:
-		return next, nil
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.next, nil
 	}
-	r := &writeReq{msgs: msgs, size: size, try: try, done: make(chan writeRes, 1)}
+	r := reqPool.Get().(*writeReq)
+	r.msgs, r.size, r.try = msgs, size, try
+	r.state.Store(reqPending)
 	select {
 	case q.reqs <- r:
-	case <-q.stop:
-		return 0, fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)
-	case <-ctx.Done():
-		return 0, fmt.Errorf("ferry: write %s: %w", q.id, ctx.Err())
+	default:
+		select {
+		case q.reqs <- r:
+		case <-q.stop:
+			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)
+		case <-ctx.Done():
+			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ctx.Err())
+		}
 	}
 	select {
 	case res := <-r.done:
+		r.msgs = nil
+		reqPool.Put(r) // the writer goroutine is done with it
 		return res.first, res.err
 	case <-ctx.Done():
 		if r.state.CompareAndSwap(reqPending, reqCanceled) {
@@ -232,6 +245,8 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 	}
 	// The writer has the batch: it is all or nothing, wait for which.
 	res := <-r.done
+	r.msgs = nil
+	reqPool.Put(r)
 	return res.first, res.err
 }
 
