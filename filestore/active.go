@@ -14,7 +14,7 @@ import "fmt"
 //
 // Readers never see the mapping: they read the file with pread, which
 // sees the same page cache. A writer copies a frame into the mapping and
-// then publishes the segment's new size under segMu, which readers take
+// then publishes the segment's new size under mu, which readers take
 // before they read up to that size. Sealing a segment (roll-over, Close)
 // unmaps it and cuts the file to its written length, so sealed segments
 // are exactly as long as their frames. A file left longer by a crash has

@@ -23,9 +23,14 @@ type queue struct {
 	dir string // folder within the store's root
 	cfg *config
 
-	segMu      sync.RWMutex // guards segs, their fields and segsClosed; disk reads hold it shared
-	segs       []*segment   // by base offset; the last is active
-	segsClosed bool         // the files are closed
+	// segMu guards segs and segsClosed; disk reads hold it shared. A
+	// segment's accounting (next, size, sizeSum, times, index) changes
+	// only under wmu, and the active segment's also under mu, where a
+	// writer adds its frames when it publishes them: read it holding
+	// wmu, or segMu shared and then mu.
+	segMu      sync.RWMutex
+	segs       []*segment // by base offset; the last is active
+	segsClosed bool       // the files are closed
 
 	mu         sync.Mutex // guards every field below
 	ret        ferry.Retention

@@ -79,13 +79,16 @@ func (q *queue) readDisk(offset, limit int64, dst []*ferry.EnhancedMessage) (int
 	if q.segsClosed {
 		return 0, ferry.ErrClosed
 	}
+	q.mu.Lock() // the active segment's accounting grows under mu
 	i := sortSearchSegs(q.segs, offset)
 	if i < 0 {
+		q.mu.Unlock()
 		return 0, fmt.Errorf("%w: retained from %d", ferry.ErrOffsetOutOfRange, q.segs[0].base)
 	}
 	s := q.segs[i]
-	e := s.lookup(offset)
-	sc := newFrameScanner(s.f, e.pos, s.size, q.cfg.maxFrameBytes)
+	e, size := s.lookup(offset), s.size
+	q.mu.Unlock()
+	sc := newFrameScanner(s.f, e.pos, size, q.cfg.maxFrameBytes)
 	sc.bufSize = 64 << 10
 	want := e.off
 	out := dst[:0]

@@ -193,7 +193,9 @@ func (q *queue) expire() {
 		return
 	}
 	q.segMu.RLock()
+	q.mu.Lock() // segs[0] may be the active segment
 	last, held := q.segs[0].lastTime, ret.Overflow == ferry.Block && q.segs[0].next > released
+	q.mu.Unlock()
 	q.segMu.RUnlock()
 	if last == 0 || held || time.Since(time.Unix(0, last)) <= ret.MaxAge {
 		return

@@ -253,6 +253,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 		// Cut the frames written back off and forget them. The queue
 		// fails, so nothing touches a mapping past the cut.
 		q.segMu.Lock()
+		q.mu.Lock()
 		for _, u := range touched {
 			s := u.s
 			_ = s.f.Truncate(u.size)
@@ -260,6 +261,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 			s.next, s.size, s.sizeSum, s.firstTime, s.lastTime = u.next, u.size, u.sizeSum, u.firstTime, u.lastTime
 			s.index = s.index[:u.index]
 		}
+		q.mu.Unlock()
 		q.segMu.Unlock()
 		q.fail(err)
 		return q.failedErr()
@@ -271,6 +273,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 		return q.ends[j-1]
 	}
 
+	var last *segment // the segment whose frames are accounted for when published
 	i := 0
 	for i < len(msgs) {
 		act := q.segs[len(q.segs)-1]
@@ -336,11 +339,17 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 			return fail(err)
 		}
 		q.dirty = true
-		q.segMu.Lock()
-		for _, fi := range q.frames {
-			act.add(fi, q.cfg.indexInterval)
+		// Account for the frames under mu, where readers look for them:
+		// with the publication below unless a roll or a sync comes first.
+		if i < len(msgs) || q.cfg.sync.mode == syncAlways {
+			q.mu.Lock()
+			for _, fi := range q.frames {
+				act.add(fi, q.cfg.indexInterval)
+			}
+			q.mu.Unlock()
+		} else {
+			last = act
 		}
-		q.segMu.Unlock()
 	}
 	if q.cfg.sync.mode == syncAlways {
 		if err := q.syncActive(); err != nil {
@@ -350,6 +359,11 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 
 	// Publish.
 	q.mu.Lock()
+	if last != nil {
+		for _, fi := range q.frames {
+			last.add(fi, q.cfg.indexInterval)
+		}
+	}
 	q.next = off
 	if q.cfg.cacheMessages > 0 {
 		for _, m := range msgs {
