@@ -164,7 +164,10 @@ func (q *queue) poke() {
 }
 
 // Write implements [ferry.WritableQueue]. With [SyncAlways] it returns once
-// the messages are on disk.
+// the messages are on disk. ctx is checked before the write is queued for
+// the writer goroutine; a queued write then waits for its group's
+// fdatasync, and with [ferry.Block] overflow leaves when ctx ends while it
+// waits for room.
 func (q *queue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
 	return q.write(ctx, msgs, false)
 }
@@ -234,21 +237,31 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ctx.Err())
 		}
 	}
-	select {
-	case res := <-r.done:
-		r.msgs = nil
-		reqPool.Put(r) // the writer goroutine is done with it
-		return res.first, res.err
-	case <-ctx.Done():
-		if r.state.CompareAndSwap(reqPending, reqCanceled) {
-			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ctx.Err())
-		}
-	case <-q.stop: // r may be left in q.reqs: the writer goroutine is gone
-		if r.state.CompareAndSwap(reqPending, reqCanceled) {
-			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)
+	// Close publishes closed, then the writer goroutine answers what is
+	// in q.reqs and stops: a write queued before it sees closed is
+	// answered, one queued later answers itself. (Waiting on q.stop
+	// instead would make every waiting writer queue on that one channel.)
+	s = q.state.Load()
+	if s.closed && r.state.CompareAndSwap(reqPending, reqCanceled) {
+		return 0, fmt.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)
+	}
+	// A queued write is committed by the next group, except with Block
+	// overflow, where it may wait for room as long as ctx lets it.
+	// Waiting on ctx otherwise would make the writers sharing a context
+	// queue on its one channel at every group.
+	if cancel := ctx.Done(); cancel != nil && s.ret.Overflow == ferry.Block {
+		select {
+		case res := <-r.done:
+			r.msgs = nil
+			reqPool.Put(r) // the writer goroutine is done with it
+			return res.first, res.err
+		case <-cancel:
+			if r.state.CompareAndSwap(reqPending, reqCanceled) {
+				return 0, fmt.Errorf("ferry: write %s: %w", q.id, ctx.Err())
+			}
+			// The writer has the batch: it is all or nothing, wait for which.
 		}
 	}
-	// The writer has the batch: it is all or nothing, wait for which.
 	res := <-r.done
 	r.msgs = nil
 	reqPool.Put(r)
