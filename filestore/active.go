@@ -2,15 +2,19 @@ package filestore
 
 import "fmt"
 
-// The active segment of a queue is written through a shared memory
-// mapping of its file where the platform allows (64-bit Linux): a write is
-// a copy into the page cache, with no system call, and survives a crash
-// of the process as a pwrite would. Disk space is reserved ahead of the
-// writes with fallocate (in steps that double, from minReserve up to the
-// segment size), so that writing back a dirty page can never find the
-// disk full, which would raise SIGBUS; a full disk fails the fallocate,
-// and so the write, instead. Where fallocate is not supported the store
-// writes with pwrite.
+// The active segment of a queue has disk space reserved ahead of its
+// writes with fallocate, in steps that double from minReserve up to the
+// segment size. Under SyncNever and SyncEvery, where the platform allows
+// (64-bit Linux), it is also written through a shared memory mapping of
+// its file: a write is a copy into the page cache, with no system call,
+// and survives a crash of the process as a pwrite would. The reservation
+// makes that safe: writing back a dirty page can never find the disk
+// full, which would raise SIGBUS; a full disk fails the fallocate, and so
+// the write, instead. Under SyncAlways, whose fdatasync after every group
+// would make the kernel write-protect mapped pages each time (and every
+// next write fault), a group is one pwrite into the reserved space, where
+// most fdatasyncs then find no new block and no new file size to record.
+// Where fallocate is not supported the store writes with pwrite alone.
 //
 // Readers never see the mapping: they read the file with pread, which
 // sees the same page cache. A writer copies a frame into the mapping and
@@ -23,7 +27,7 @@ import "fmt"
 // useMmap is mmapSupported, turned off by tests of the pwrite path.
 var useMmap = mmapSupported
 
-// minReserve is the first step of space reserved in a mapped segment.
+// minReserve is the first step of space reserved in a segment.
 const minReserve = 64 << 10
 
 // mapActive maps s, the active segment, for writing, unless the platform
@@ -32,7 +36,7 @@ const minReserve = 64 << 10
 func (q *queue) mapActive(s *segment) {
 	s.alloc = s.size
 	n := q.cfg.segmentBytes
-	if !useMmap || q.cfg.sync.mode == syncAlways || q.st.noMmap.Load() || s.mm != nil || s.size >= n {
+	if !useMmap || q.cfg.sync.mode == syncAlways || q.st.noMmap.Load() || q.st.noReserve.Load() || s.mm != nil || s.size >= n {
 		return
 	}
 	mm, err := mmapFile(s.f, int(n))
@@ -45,30 +49,30 @@ func (q *queue) mapActive(s *segment) {
 }
 
 // activeBuf returns the buffer to build n bytes of frames in, to be
-// written at position at of segment s: the mapping itself (mapped true)
-// when they fit in it, after reserving space for them, and q.out
-// otherwise. wmu must be held.
+// written at position at of segment s, after reserving space for them:
+// the mapping itself (mapped true) when they fit in the reserved part of
+// it, and q.out otherwise. wmu must be held.
 func (q *queue) activeBuf(s *segment, at, n int64) (buf []byte, mapped bool, err error) {
-	end := at + n
-	if s.mm != nil && end <= int64(len(s.mm)) {
-		if end > s.alloc {
-			r := min(int64(len(s.mm)), max(end, 2*s.alloc, minReserve))
-			err := fallocateFile(s.f, s.alloc, r-s.alloc)
-			switch {
-			case err == nil:
-				s.alloc = r
-			case noReserve(err):
-				q.st.noMmap.Store(true)
-				q.st.cfg.log.Info("ferry: filestore: writing with pwrite", "queue", q.id.String(), "err", err)
-				if err := q.unmap(s); err != nil {
-					return nil, false, err
-				}
-			default:
-				return nil, false, err
-			}
+	end, limit := at+n, q.cfg.segmentBytes
+	if end > s.alloc && end <= limit && !q.st.noReserve.Load() {
+		r := min(limit, max(end, 2*s.alloc, minReserve))
+		err := fallocateFile(s.f, s.alloc, r-s.alloc)
+		switch {
+		case err == nil:
+			s.alloc = r
+		case noReserve(err):
+			q.st.noReserve.Store(true)
+			q.st.cfg.log.Info("ferry: filestore: writing without reserved space, with pwrite", "queue", q.id.String(), "err", err)
+		default:
+			return nil, false, err
 		}
-		if s.mm != nil {
-			return s.mm[at:at:end], true, nil
+	}
+	if s.mm != nil && end <= s.alloc {
+		return s.mm[at:at:end], true, nil
+	}
+	if s.mm != nil && q.st.noReserve.Load() {
+		if err := q.unmap(s); err != nil {
+			return nil, false, err
 		}
 	}
 	return q.out[:0], false, nil

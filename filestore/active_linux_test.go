@@ -15,16 +15,23 @@ import (
 	"github.com/ferrymq/ferry"
 )
 
-// A store killed with its active segment mapped leaves a file longer than
-// its frames, zeros after them; Open cuts it to exactly the acknowledged
-// frames, and the queue takes writes again.
+// A store killed with space reserved in its active segment (mapped but
+// under SyncAlways) leaves a file longer than its frames, zeros after
+// them; Open cuts it to exactly the acknowledged frames, and the queue
+// takes writes again.
 func TestMappedTailAfterCrash(t *testing.T) {
+	for _, p := range []SyncPolicy{SyncNever, SyncAlways} {
+		t.Run(p.String(), func(t *testing.T) { testMappedTailAfterCrash(t, p) })
+	}
+}
+
+func testMappedTailAfterCrash(t *testing.T, p SyncPolicy) {
 	dir := t.TempDir()
-	opts := []Option{WithSync(SyncNever), WithSegmentBytes(1 << 20)}
+	opts := []Option{WithSync(p), WithSegmentBytes(1 << 20)}
 	st, q := openActive(t, dir, opts...)
 	defer st.Close()
 	writeActiveMsgs(t, q, 0, 500)
-	require.NotNil(t, q.segs[0].mm, "the active segment is mapped")
+	require.Equal(t, p != SyncAlways, q.segs[0].mm != nil, "the active segment is mapped")
 	segs := logFiles(t, dir)
 	require.Len(t, segs, 1)
 	size, frames := fileFramesEnd(t, segs[0])
@@ -128,7 +135,7 @@ func TestMappedFallbackWithoutFallocate(t *testing.T) {
 	require.NotNil(t, q.segs[0].mm, "mapped until the first reserve")
 	writeActiveMsgs(t, q, 0, 300)
 	assert.Equal(t, 1, calls)
-	assert.True(t, st.noMmap.Load())
+	assert.True(t, st.noReserve.Load())
 	for _, s := range q.segs {
 		assert.Nil(t, s.mm)
 	}

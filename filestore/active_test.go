@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -82,12 +83,16 @@ func copyDir(t *testing.T, src, dst string) {
 	require.NoError(t, os.CopyFS(dst, os.DirFS(src)))
 }
 
-// Without mapping (other platforms, or file systems without fallocate)
-// every write is a pwrite: segments are exactly as long as their frames,
-// roll over and reopen as with mapping.
+// Without mapping and reserved space (other platforms, or file systems
+// without fallocate) every write is a pwrite: segments are exactly as long
+// as their frames, roll over and reopen as with mapping.
 func TestPwriteActiveSegment(t *testing.T) {
 	useMmap = false
-	defer func() { useMmap = mmapSupported }()
+	orig := fallocateFile
+	fallocateFile = func(f *os.File, _, _ int64) error {
+		return &os.PathError{Op: "fallocate", Path: f.Name(), Err: syscall.EOPNOTSUPP}
+	}
+	defer func() { useMmap, fallocateFile = mmapSupported, orig }()
 	dir := t.TempDir()
 	opts := []Option{WithSync(SyncNever), WithSegmentBytes(4 << 10)}
 	st, q := openActive(t, dir, opts...)

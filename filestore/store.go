@@ -49,9 +49,10 @@ type Store struct {
 
 	closeMu sync.Mutex // serializes Close
 
-	recovery Recovery    // written by Open only
-	noMmap   atomic.Bool // mapping or reserving space failed once: write with pwrite
-	cursors  *cursorStore
+	recovery  Recovery    // written by Open only
+	noMmap    atomic.Bool // mapping failed once: write with pwrite
+	noReserve atomic.Bool // fallocate is not supported: write with pwrite, reserving nothing
+	cursors   *cursorStore
 }
 
 var (
