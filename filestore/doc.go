@@ -40,20 +40,20 @@
 // The active segment of each queue has disk space reserved ahead of its
 // writes with fallocate, in steps doubling from 64 KiB up to the segment
 // size. Under SyncEvery and SyncNever on 64-bit Linux it is also
-// memory-mapped (shared, up to the segment size of address space per open queue):
-// a write copies its frame into the mapping, the page cache itself, with no
-// system call, and the reservation means a full disk fails a write instead
-// of raising SIGBUS when the kernel writes the page back. (A SIGBUS remains
-// possible if the file is cut by someone else while mapped, or if the disk
-// fails to read back a page being written.) Under SyncAlways a group is one
-// pwrite into the reserved space, so that most fdatasyncs find no new block
-// or file size to record; a mapping would not pay there, since every
-// fdatasync makes the kernel write-protect the mapped pages and the next
-// write fault. On other platforms, and on file systems that cannot reserve
-// space or when the mapping fails, every write is a plain pwrite. A sealed
-// segment is cut to the length of its frames; a crash leaves the newest one
-// longer, zeros after its last frame, which Open cuts like a torn tail (see
-// Recovery).
+// memory-mapped (shared, up to the segment size of address space per open
+// queue): a write copies its frame into the mapping, the page cache itself,
+// with no system call, and the reservation means a full disk fails a write
+// instead of raising SIGBUS when the kernel writes the page back. (A SIGBUS
+// remains possible if the file is cut by someone else while mapped, or if
+// the disk fails to read back a page being written.) Under SyncAlways a
+// group is one pwrite into the reserved space, so that most fdatasyncs find
+// no new block or file size to record; a mapping would not pay there, since
+// every fdatasync makes the kernel write-protect the mapped pages and the
+// next write fault. On other platforms, and on file systems that cannot
+// reserve space or when the mapping fails, every write is a plain pwrite. A
+// sealed segment is cut to the length of its frames; a crash leaves the
+// newest one longer, zeros after its last frame, which Open cuts like a
+// torn tail (see Recovery).
 //
 // # Recovery
 //
