@@ -71,9 +71,11 @@ type queue struct {
 	clock    time.Time // the last full reading of the clock (stamp)
 	dirty    bool      // bytes written since the last fdatasync
 	ageArmed bool      // the writer goroutine's age timer is set
-	// groupHint is about the size of the recent groups (SyncAlways): the
-	// writer goroutine waits a little for a group to reach it.
+	// groupHint is about the size of the largest recent groups
+	// (SyncAlways): the writer goroutine waits a little for a group to
+	// reach it. lastSync is how long the last fdatasync took.
 	groupHint int
+	lastSync  time.Duration
 }
 
 var (

@@ -39,9 +39,10 @@ func (q *queue) run() {
 				// the next (a group missed by some writers would
 				// otherwise split them in two cohorts that alternate,
 				// each with an fdatasync of its own).
-				for range maxGather {
+				start := time.Now()
+				for i := 0; ; i++ {
 					runtime.Gosched()
-					if q.drain() == 0 && len(q.pending) >= q.groupHint {
+					if q.drain() == 0 && (len(q.pending) >= q.groupHint || i >= minGather && time.Since(start) > min(q.lastSync/4, maxLinger)) {
 						break
 					}
 				}
@@ -122,9 +123,14 @@ func (q *queue) drain() int {
 	return n
 }
 
-// maxGather bounds the yields of the writer goroutine gathering a group
-// under SyncAlways.
-const maxGather = 64
+// minGather is how many times the writer goroutine gathering a group
+// under SyncAlways yields at least before it gives up waiting for the
+// group to reach groupHint; it also stops after a quarter of the last
+// fdatasync's time, at most maxLinger.
+const (
+	minGather = 16
+	maxLinger = 500 * time.Microsecond
+)
 
 // maxPending bounds the writes taken into one group.
 const maxPending = 4096
@@ -200,7 +206,7 @@ func (q *queue) process() {
 
 // commit writes batch and acknowledges each of its writes.
 func (q *queue) commit(batch []*writeReq) {
-	q.groupHint = max(len(batch), q.groupHint-q.groupHint/8)
+	q.groupHint = max(len(batch), q.groupHint-q.groupHint/64)
 	q.flat = q.flat[:0]
 	for _, r := range batch {
 		q.flat = append(q.flat, r.msgs...)
@@ -438,7 +444,10 @@ func (q *queue) syncActive() error {
 	act := q.segs[len(q.segs)-1]
 	q.segMu.RUnlock()
 	q.dirty = false
-	if err := syncFile(act.f); err != nil {
+	start := time.Now()
+	err := syncFile(act.f)
+	q.lastSync = time.Since(start)
+	if err != nil {
 		q.fail(err)
 		return err
 	}
