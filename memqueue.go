@@ -125,7 +125,11 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		m.Queue = q.id.Queue
 		m.Offset = first + int64(i)
 		m.StoreTime = now
-		q.sizes = append(q.sizes, int64(m.Size()))
+		if len(msgs) == 1 {
+			q.sizes = append(q.sizes, size) // a Send: its size is known
+		} else {
+			q.sizes = append(q.sizes, int64(m.Size()))
+		}
 	}
 	q.msgs = append(q.msgs, msgs...)
 	q.bytes += size
