@@ -160,7 +160,7 @@ func (d *deliverer) work() {
 			dctx.Context = it.r.hctx
 			if d.handle(dctx, it.r, it.msg, it.attempt) {
 				it.r.buf.Done(it.msg)
-				m.markDirty()
+				m.finished(it.r)
 			}
 		case r != nil && m.cfg.ordered:
 			d.ordered(dctx, r, batch[:1])
@@ -198,7 +198,7 @@ func (d *deliverer) work() {
 			}
 			if len(finished) > 0 {
 				r.buf.Done(finished...)
-				m.markDirty()
+				m.finished(r)
 			}
 			clear(batch[:n])
 			clear(finished)
@@ -228,7 +228,7 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 		one[0] = nil
 		if d.handleOrdered(dctx, r, msg) {
 			r.buf.Done(msg)
-			d.m.markDirty()
+			d.m.finished(r)
 		} else {
 			r.buf.abandon(msg)
 			break

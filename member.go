@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // groupMember is what push and pull consumers share: it joins the group
@@ -32,6 +33,9 @@ type groupMember struct {
 	halt   chan struct{} // closed once every queue is released: workers stop
 	wg     sync.WaitGroup
 	runSeq atomic.Int64
+	// commitCost is a moving average of the cursor store's commit time
+	// (ns); it starts slow, so the first commits go to the committer.
+	commitCost atomic.Int64
 
 	first chan []*queueRun // the runs of the first rebalance, for Start
 
@@ -74,6 +78,7 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 		first:  make(chan []*queueRun, 1),
 		runs:   map[int]*queueRun{},
 	}
+	m.commitCost.Store(int64(time.Second)) // unmeasured: slow
 	if cfg.broadcast {
 		m.scope = group + "@" + cfg.memberID
 	}
@@ -334,6 +339,29 @@ func (m *groupMember) rebalance(mine []QueueID, take bool) []*queueRun {
 			"released", len(lost), "taking", len(started), "queues", mine)
 	}
 	return started
+}
+
+// inlineCommitMax is the longest a cursor commit may take, on average, for
+// workers to commit in place rather than wake the committer goroutine.
+const inlineCommitMax = 20 * time.Microsecond
+
+// finished is called once messages of r are marked done: it commits r's
+// cursor in the caller's goroutine when the cursor store has been fast
+// (a memory store: a wake-up of the committer costs more than the
+// commit) and no one else is committing r, and wakes the committer
+// otherwise (a store on disk, say, whose commits must not hold up the
+// handlers).
+func (m *groupMember) finished(r *queueRun) {
+	if m.commitCost.Load() <= int64(inlineCommitMax) && r.tryCommit() {
+		return
+	}
+	m.markDirty()
+}
+
+// recordCommit folds the duration of a cursor commit into commitCost.
+func (m *groupMember) recordCommit(d time.Duration) {
+	old := m.commitCost.Load()
+	m.commitCost.Store(old + (int64(d)-old)/2)
 }
 
 // markDirty wakes the committer.

@@ -263,6 +263,24 @@ func (r *queueRun) release() {
 func (r *queueRun) commit(final bool) error {
 	r.commitMu.Lock()
 	defer r.commitMu.Unlock()
+	return r.commitLocked(final)
+}
+
+// tryCommit is commit(false) unless another goroutine is committing r
+// (false): that one, or the committer, commits what is finished.
+func (r *queueRun) tryCommit() bool {
+	if !r.commitMu.TryLock() {
+		return false
+	}
+	defer r.commitMu.Unlock()
+	if err := r.commitLocked(false); err != nil {
+		r.m.report(err)
+	}
+	return true
+}
+
+// commitLocked is commit; r.commitMu is held.
+func (r *queueRun) commitLocked(final bool) error {
 	if r.released || !r.owned.Load() {
 		return nil
 	}
@@ -274,7 +292,10 @@ func (r *queueRun) commit(final bool) error {
 		return nil
 	}
 	m := r.m
-	if err := m.b.cursors.Commit(context.Background(), m.topic, m.scope, r.q, off); err != nil {
+	start := time.Now()
+	err := m.b.cursors.Commit(context.Background(), m.topic, m.scope, r.q, off)
+	m.recordCommit(time.Since(start))
+	if err != nil {
 		return fmt.Errorf("ferry: commit %s at %d: %w", r.id, off, err)
 	}
 	r.committed = off
