@@ -136,20 +136,7 @@ func TestMappedFallbackWithoutFallocate(t *testing.T) {
 	writeActiveMsgs(t, q, 0, 300)
 	assert.Equal(t, 1, calls)
 	assert.True(t, st.noReserve.Load())
-	for _, s := range q.segs {
-		assert.Nil(t, s.mm)
-	}
-	for _, name := range logFiles(t, dir) {
-		size, frames := fileFramesEnd(t, name)
-		assert.Equal(t, frames, size, name)
-	}
-	checkActiveMsgs(t, q, 300)
-	require.NoError(t, st.Close())
-
-	st, q = openActive(t, dir, opts...)
-	defer st.Close()
-	assert.Empty(t, st.Recovery().Truncated)
-	checkActiveMsgs(t, q, 300)
+	checkUnmappedExactAndReopen(t, dir, st, q, 300, opts...)
 }
 
 // A full disk fails the reserve, and so the write, before anything is

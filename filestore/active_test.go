@@ -97,20 +97,28 @@ func TestPwriteActiveSegment(t *testing.T) {
 	opts := []Option{WithSync(SyncNever), WithSegmentBytes(4 << 10)}
 	st, q := openActive(t, dir, opts...)
 	writeActiveMsgs(t, q, 0, 300)
+	require.Greater(t, len(logFiles(t, dir)), 5)
+	checkUnmappedExactAndReopen(t, dir, st, q, 300, opts...)
+}
+
+// checkUnmappedExactAndReopen checks that no segment of q is mapped and
+// every segment file is exactly as long as its frames, that q holds n
+// messages, and that a reopen finds them all with nothing to cut.
+func checkUnmappedExactAndReopen(t *testing.T, dir string, st *Store, q *queue, n int, opts ...Option) {
+	t.Helper()
 	for _, s := range q.segs {
 		assert.Nil(t, s.mm)
 	}
-	segs := logFiles(t, dir)
-	require.Greater(t, len(segs), 5)
-	for _, name := range segs {
+	for _, name := range logFiles(t, dir) {
 		size, frames := fileFramesEnd(t, name)
 		assert.Equal(t, frames, size, name)
 	}
+	checkActiveMsgs(t, q, n)
 	require.NoError(t, st.Close())
 	st, q = openActive(t, dir, opts...)
 	defer st.Close()
 	assert.Empty(t, st.Recovery().Truncated)
-	checkActiveMsgs(t, q, 300)
+	checkActiveMsgs(t, q, n)
 }
 
 // Writers queued for the writer goroutine when Close runs get ErrClosed,
