@@ -94,18 +94,27 @@ func (r *ferryRig) close() error {
 	return errors.Join(errs...)
 }
 
+// newFerryOne is a rig of one queue and one consumer, with a producer.
+func newFerryOne(ctx context.Context, e *env, retainAll bool) (*ferryRig, *ferry.Producer, error) {
+	r, err := newFerryRig(ctx, e, 1, 1, retainAll)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := r.b.NewProducer()
+	if err != nil {
+		return nil, nil, errors.Join(err, r.close())
+	}
+	return r, p, nil
+}
+
 func ferrySingle(retainAll bool) func(ctx context.Context, e *env) (*trial, error) {
 	return func(ctx context.Context, e *env) (*trial, error) { return ferryOne(ctx, e, retainAll) }
 }
 
 func ferryOne(ctx context.Context, e *env, retainAll bool) (*trial, error) {
-	r, err := newFerryRig(ctx, e, 1, 1, retainAll)
+	r, p, err := newFerryOne(ctx, e, retainAll)
 	if err != nil {
 		return nil, err
-	}
-	p, err := r.b.NewProducer()
-	if err != nil {
-		return nil, errors.Join(err, r.close())
 	}
 	m := &ferry.Message{Topic: ferryTopic, Body: e.body}
 	return &trial{
@@ -122,13 +131,9 @@ func ferryOne(ctx context.Context, e *env, retainAll bool) (*trial, error) {
 }
 
 func ferryLatency(ctx context.Context, e *env) (*trial, error) {
-	r, err := newFerryRig(ctx, e, 1, 1, false)
+	r, p, err := newFerryOne(ctx, e, false)
 	if err != nil {
 		return nil, err
-	}
-	p, err := r.b.NewProducer()
-	if err != nil {
-		return nil, errors.Join(err, r.close())
 	}
 	msgs := make([]ferry.Message, e.n)
 	for i := range msgs {
@@ -150,13 +155,9 @@ func ferryLatency(ctx context.Context, e *env) (*trial, error) {
 }
 
 func ferryBatch(ctx context.Context, e *env) (*trial, error) {
-	r, err := newFerryRig(ctx, e, 1, 1, false)
+	r, p, err := newFerryOne(ctx, e, false)
 	if err != nil {
 		return nil, err
-	}
-	p, err := r.b.NewProducer()
-	if err != nil {
-		return nil, errors.Join(err, r.close())
 	}
 	m := &ferry.Message{Topic: ferryTopic, Body: e.body}
 	batch := make([]*ferry.Message, e.Batch)
