@@ -73,25 +73,25 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 		}
 	}
 	b := &Broker{storage: c.storage, cursors: c.cursors, log: c.log, clock: newCoarseClock()}
-	b.groups.init()
 	if b.storage == nil {
 		b.storage, b.ownsStorage = NewMemoryStorage(), true
 	}
 	if b.cursors == nil {
 		b.cursors, b.ownsCursors = NewMemoryCursorStore(), true
 	}
+	b.groups.init(b.cursors)
 	if b.log == nil {
 		b.log = slog.New(slog.DiscardHandler)
 	}
 	b.topics.Store(&map[string]*topicState{})
 	metas, err := b.storage.Topics(context.Background())
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("ferry: new broker: load topics: %w", err), b.closeStores())
+		return nil, errors.Join(errorf("ferry: new broker: load topics: %w", err), b.closeStores())
 	}
 	for _, meta := range metas {
 		t, err := b.openTopic(context.Background(), meta.Normalized())
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("ferry: new broker: %w", err), b.Close())
+			return nil, errors.Join(errorf("ferry: new broker: %w", err), b.Close())
 		}
 		b.publish(t)
 	}
@@ -104,29 +104,29 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 // metadata is [ErrInvalidTopic].
 func (b *Broker) CreateTopic(ctx context.Context, meta TopicMeta) error {
 	if err := meta.Validate(); err != nil {
-		return fmt.Errorf("ferry: create topic: %w", err)
+		return errorf("ferry: create topic: %w", err)
 	}
 	meta = meta.Normalized()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed.Load() {
-		return fmt.Errorf("ferry: create topic %q: %w", meta.Name, ErrClosed)
+		return errorf("ferry: create topic %q: %w", meta.Name, ErrClosed)
 	}
 	if t, ok := (*b.topics.Load())[meta.Name]; ok {
 		if t.meta == meta {
 			return nil
 		}
-		return fmt.Errorf("ferry: create topic %q: %w: have %+v, asked %+v", meta.Name, ErrTopicExists, t.meta, meta)
+		return errorf("ferry: create topic %q: %w: have %+v, asked %+v", meta.Name, ErrTopicExists, t.meta, meta)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("ferry: create topic %q: %w", meta.Name, err)
+		return errorf("ferry: create topic %q: %w", meta.Name, err)
 	}
 	if err := b.storage.SaveTopic(ctx, meta); err != nil {
-		return fmt.Errorf("ferry: create topic %q: %w", meta.Name, err)
+		return errorf("ferry: create topic %q: %w", meta.Name, err)
 	}
 	t, err := b.openTopic(ctx, meta)
 	if err != nil {
-		return fmt.Errorf("ferry: create topic: %w", err)
+		return errorf("ferry: create topic: %w", err)
 	}
 	b.publish(t)
 	b.log.Info("ferry: topic created", "topic", meta.Name, "queues", meta.Queues)
@@ -201,10 +201,10 @@ func (b *Broker) topic(name string) (*topicState, error) {
 func (b *Broker) Queue(topic string, i int) (ReadableQueue, error) {
 	t, err := b.topic(topic)
 	if err != nil {
-		return nil, fmt.Errorf("ferry: queue: %w", err)
+		return nil, errorf("ferry: queue: %w", err)
 	}
 	if i < 0 || i >= len(t.queues) {
-		return nil, fmt.Errorf("ferry: queue: %w: queue %d of %d in topic %q", ErrInvalidTopic, i, len(t.queues), topic)
+		return nil, errorf("ferry: queue: %w: queue %d of %d in topic %q", ErrInvalidTopic, i, len(t.queues), topic)
 	}
 	return t.queues[i], nil
 }
@@ -212,25 +212,30 @@ func (b *Broker) Queue(topic string, i int) (ReadableQueue, error) {
 // ForgetGroup tells the broker that consumer group will not come back to
 // topic: its progress (and that of its broadcast members) no longer holds
 // back the queues of a topic with [Block] overflow, so producers waiting on
-// it resume as far as the remaining groups allow. Its committed cursor stays
-// in the CursorStore, so a group of that name that does come back resumes
-// from it. A group with live members on topic is [ErrGroupActive]; a group
-// that never read topic is left as it is. A consumer made with [Broadcast]
-// and no [WithMemberID] forgets its own progress on Close, as its generated
-// ID can never come back.
+// it resume as far as the remaining groups allow. Over a cursor store with
+// [CursorGroups] (the memory and file stores) its cursors on topic are
+// deleted too, so the group stays forgotten after a restart, and a group
+// of that name that does come back starts as a new one (see
+// [WithStartFrom]); over another store the cursors stay, and only this
+// broker forgets. A group with a consumer on topic that is open in this
+// broker (closing included) or a live member elsewhere is
+// [ErrGroupActive], and nothing changes; a group that never read topic is
+// left as it is. A consumer made with [Broadcast] and no [WithMemberID]
+// forgets its own progress on Close, as its generated ID can never come
+// back.
 func (b *Broker) ForgetGroup(group, topic string) error {
 	t, err := b.topic(topic)
 	if err != nil {
-		return fmt.Errorf("ferry: forget group: %w", err)
+		return errorf("ferry: forget group: %w", err)
 	}
 	if group == "" {
-		return fmt.Errorf("ferry: forget group: %w: empty group", ErrInvalidOption)
+		return errorf("ferry: forget group: %w: empty group", ErrInvalidOption)
 	}
 	live := func(scope string) bool {
 		return len(b.groups.coord.members(groupKey{scope: scope, topic: topic})) > 0
 	}
 	if err := b.groups.forget(t, group, live); err != nil {
-		return fmt.Errorf("ferry: forget group: %w", err)
+		return errorf("ferry: forget group: %w", err)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package ferry
 
 import (
 	"context"
-	"fmt"
 	"strings"
 )
 
@@ -53,32 +52,34 @@ type Consumer struct {
 func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOption) (*Consumer, error) {
 	cfg, err := newConsumerConfig(group, topic, opts)
 	if err != nil {
-		return nil, fmt.Errorf("ferry: new consumer: %w", err)
+		return nil, errorf("ferry: new consumer: %w", err)
 	}
 	switch {
 	case h == nil:
-		return nil, fmt.Errorf("ferry: new consumer: %w: nil handler", ErrInvalidOption)
+		return nil, errorf("ferry: new consumer: %w: nil handler", ErrInvalidOption)
 	case len(cfg.pullOnly) > 0:
-		return nil, fmt.Errorf("ferry: new consumer: %w: %s is for pull consumers", ErrInvalidOption, strings.Join(cfg.pullOnly, ", "))
+		return nil, errorf("ferry: new consumer: %w: %s is for pull consumers", ErrInvalidOption, strings.Join(cfg.pullOnly, ", "))
 	}
 	if err := ValidateTopicName(cfg.deadLetter); err != nil {
-		return nil, fmt.Errorf("ferry: new consumer: %w: dead-letter topic: %w (set WithDeadLetter)", ErrInvalidOption, err)
+		return nil, errorf("ferry: new consumer: %w: dead-letter topic: %w (set WithDeadLetter)", ErrInvalidOption, err)
 	}
 	if b.closed.Load() {
-		return nil, fmt.Errorf("ferry: new consumer: %w", ErrClosed)
+		return nil, errorf("ferry: new consumer: %w", ErrClosed)
 	}
 	return &Consumer{m: newGroupMember(b, group, topic, cfg), h: h}, nil
 }
 
 // Start joins the group and returns once the consumer holds the queues of
-// its first assignment, or ctx is done (the consumer is then closed). ctx
-// bounds only this wait: the consumer runs until Close. The topic must
-// exist ([ErrTopicNotFound]); a member ID already in the group is
-// [ErrInvalidOption]; after Close it is [ErrClosed]. Starting a started
-// consumer does nothing. If the allocator's first split is broken, Start
-// reports it (see [WithOnError]) and does not wait for the locks.
+// its first assignment. ctx bounds only this wait: when it is done first,
+// Start returns ctx's error and the consumer goes on joining, running
+// until Close (call Start again to wait once more). The topic must exist
+// ([ErrTopicNotFound]); a member ID already in the group is
+// [ErrInvalidOption]; a Close before or during Start makes it
+// [ErrClosed]. Starting a started consumer waits as the first Start does.
+// If the allocator's first split is broken, Start reports it (see
+// [WithOnError]) and does not wait for the locks.
 func (c *Consumer) Start(ctx context.Context) error {
-	return c.m.start(ctx, "start consumer", func() {
+	err := c.m.start(ctx, func() {
 		d := newDeliverer(c.m, c.h)
 		c.d = d
 		c.m.dropRetries = d.dropRetries
@@ -88,6 +89,10 @@ func (c *Consumer) Start(ctx context.Context) error {
 		}
 		go d.retryLoop()
 	})
+	if err != nil {
+		return errorf("ferry: start consumer: %w", err)
+	}
+	return nil
 }
 
 // Close stops fetching, leaves the group, lets in-flight handlers finish
@@ -95,7 +100,8 @@ func (c *Consumer) Start(ctx context.Context) error {
 // messages go to the next owner), commits, unlocks the queues and returns
 // once every goroutine the consumer started has returned, including
 // handlers that ignore their context, so a handler must not call it. It
-// is idempotent and returns nil.
+// returns what failed while closing (a final cursor commit, say), joined,
+// and the same again on every later call.
 func (c *Consumer) Close() error { return c.m.close() }
 
 // Assigned returns the queues the consumer holds now, sorted.

@@ -37,38 +37,67 @@ type CursorStore interface {
 	io.Closer
 }
 
-// MemoryCursorStore is the in-memory [CursorStore], the default.
-// It is safe for concurrent use.
+// CursorGroups is an optional interface of a [CursorStore]: it lists the
+// groups with cursors on a topic and forgets one for good. The broker
+// uses it so that every group with a committed cursor on a topic with
+// [Block] overflow holds back its queues, whether or not the group has a
+// member in this process or has had one since the broker started, and so
+// that [Broker.ForgetGroup] outlasts a restart. Over a store without it,
+// only the groups this broker has seen consume hold back Block queues.
+//
+// Implementations must be safe for concurrent use; after Close both
+// methods return [ErrClosed].
+type CursorGroups interface {
+	// Cursors returns the cursor of every group with a commit on topic,
+	// each with queues offsets (-1 for a queue with no commit). An
+	// invalid topic name or queue count is [ErrInvalidTopic]. The caller
+	// owns the result.
+	Cursors(ctx context.Context, topic string, queues int) (Cursors, error)
+	// Forget deletes every cursor of group on topic: a Load then returns
+	// -1 for each queue. Forgetting a group without cursors does nothing.
+	Forget(ctx context.Context, topic, group string) error
+}
+
+// ValidateCursorsArgs checks the arguments of [CursorGroups.Cursors]: a
+// valid topic name and a queue count in range. Errors wrap
+// [ErrInvalidTopic].
+func ValidateCursorsArgs(topic string, queues int) error {
+	if err := ValidateTopicName(topic); err != nil {
+		return err
+	}
+	if queues < 0 || queues > MaxQueues {
+		return fmt.Errorf("%w: queue %d out of range", ErrInvalidTopic, queues)
+	}
+	return nil
+}
+
+// MemoryCursorStore is the in-memory [CursorStore], the default, with
+// [CursorGroups]. It is safe for concurrent use.
 type MemoryCursorStore struct {
-	mu      sync.Mutex // guards offsets and closed
-	offsets map[cursorKey]int64
+	mu      sync.Mutex                    // guards offsets and closed
+	offsets map[string]map[string][]int64 // topic -> group -> offset per queue, -1 where none
 	closed  bool
 }
 
-type cursorKey struct {
-	topic, group string
-	queue        int
-}
-
-var _ CursorStore = (*MemoryCursorStore)(nil)
+var (
+	_ CursorStore  = (*MemoryCursorStore)(nil)
+	_ CursorGroups = (*MemoryCursorStore)(nil)
+)
 
 // NewMemoryCursorStore returns an empty store.
 func NewMemoryCursorStore() *MemoryCursorStore {
-	return &MemoryCursorStore{offsets: map[cursorKey]int64{}}
+	return &MemoryCursorStore{offsets: map[string]map[string][]int64{}}
 }
 
 // ValidateCursorArgs checks the arguments CursorStore implementations share:
 // a valid topic name, a group name of 1 to 255 bytes and a queue count or
 // index in range. Errors wrap [ErrInvalidTopic] or [ErrInvalidOption].
 func ValidateCursorArgs(topic, group string, queue int) error {
-	if err := ValidateTopicName(topic); err != nil {
+	if err := ValidateCursorsArgs(topic, queue); err != nil {
 		return err
 	}
 	if group == "" || len(group) > 255 {
 		return fmt.Errorf("%w: group name of %d bytes", ErrInvalidOption, len(group))
-	}
-	if queue < 0 || queue > MaxQueues {
-		return fmt.Errorf("%w: queue %d out of range", ErrInvalidTopic, queue)
 	}
 	return nil
 }
@@ -76,44 +105,97 @@ func ValidateCursorArgs(topic, group string, queue int) error {
 // Load implements [CursorStore].
 func (s *MemoryCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
 	if err := ValidateCursorArgs(topic, group, queues); err != nil {
-		return nil, fmt.Errorf("ferry: load cursor: %w", err)
+		return nil, errorf("ferry: load cursor: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("ferry: load cursor: %w", err)
+		return nil, errorf("ferry: load cursor: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("ferry: load cursor: %w", ErrClosed)
+		return nil, errorf("ferry: load cursor: %w", ErrClosed)
 	}
+	return fillCursor(s.offsets[topic][group], queues), nil
+}
+
+// fillCursor returns offs as a cursor of queues offsets, -1 where offs
+// has none.
+func fillCursor(offs []int64, queues int) []int64 {
 	out := make([]int64, queues)
-	for i := range out {
-		off, ok := s.offsets[cursorKey{topic, group, i}]
-		if !ok {
-			off = -1
-		}
-		out[i] = off
+	n := copy(out, offs)
+	for i := n; i < queues; i++ {
+		out[i] = -1
 	}
-	return out, nil
+	return out
 }
 
 // Commit implements [CursorStore].
 func (s *MemoryCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
 	if err := ValidateCursorArgs(topic, group, queue); err != nil {
-		return fmt.Errorf("ferry: commit cursor: %w", err)
+		return errorf("ferry: commit cursor: %w", err)
 	}
 	if offset < 0 {
-		return fmt.Errorf("ferry: commit cursor: %w: offset %d", ErrOffsetOutOfRange, offset)
+		return errorf("ferry: commit cursor: %w: offset %d", ErrOffsetOutOfRange, offset)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("ferry: commit cursor: %w", err)
+		return errorf("ferry: commit cursor: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("ferry: commit cursor: %w", ErrClosed)
+		return errorf("ferry: commit cursor: %w", ErrClosed)
 	}
-	s.offsets[cursorKey{topic, group, queue}] = offset
+	groups := s.offsets[topic]
+	if groups == nil {
+		groups = map[string][]int64{}
+		s.offsets[topic] = groups
+	}
+	offs := groups[group]
+	for len(offs) <= queue {
+		offs = append(offs, -1)
+	}
+	offs[queue] = offset
+	groups[group] = offs
+	return nil
+}
+
+// Cursors implements [CursorGroups].
+func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues int) (Cursors, error) {
+	if err := ValidateCursorsArgs(topic, queues); err != nil {
+		return Cursors{}, errorf("ferry: list cursors: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return Cursors{}, errorf("ferry: list cursors: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return Cursors{}, errorf("ferry: list cursors: %w", ErrClosed)
+	}
+	out := Cursors{Topic: topic, Groups: make(map[string]Cursor, len(s.offsets[topic]))}
+	for group, offs := range s.offsets[topic] {
+		out.Groups[group] = Cursor{Group: group, Offsets: fillCursor(offs, queues)}
+	}
+	return out, nil
+}
+
+// Forget implements [CursorGroups].
+func (s *MemoryCursorStore) Forget(ctx context.Context, topic, group string) error {
+	if err := ValidateCursorArgs(topic, group, 0); err != nil {
+		return errorf("ferry: forget cursor: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return errorf("ferry: forget cursor: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errorf("ferry: forget cursor: %w", ErrClosed)
+	}
+	delete(s.offsets[topic], group)
+	if len(s.offsets[topic]) == 0 {
+		delete(s.offsets, topic)
+	}
 	return nil
 }
 

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // Delivery is what the consumer tells a handler about the delivery it is
@@ -96,12 +98,15 @@ type deliverer struct {
 	producer  *Producer
 }
 
-// retryItem is a message waiting for its next attempt (concurrent mode).
+// retryItem is a message waiting for its next attempt (concurrent mode),
+// or, with a cause, for another try of its dead-letter send.
 type retryItem struct {
 	r       *queueRun
 	msg     *EnhancedMessage
-	attempt int // the attempt to make
+	attempt int // the attempt to make; with a cause, the attempts made
 	due     time.Time
+	cause   error // the handler's last error, when the dead letter failed
+	tries   int   // with a cause, the dead-letter send to make, from 2
 }
 
 func newDeliverer(m *groupMember, h Handler) *deliverer {
@@ -154,11 +159,18 @@ func (d *deliverer) work() {
 		r, it := m.sched.next(context.Background(), m.halt)
 		switch {
 		case it != nil:
-			if it.r.finished.Load() {
-				continue // released: the next owner gets it again
+			if it.r.releasing.Load() {
+				it.r.buf.abandon(it.msg) // the next owner gets it again
+				continue
 			}
 			dctx.Context = it.r.hctx
-			if d.handle(dctx, it.r, it.msg, it.attempt) {
+			var done bool
+			if it.cause != nil {
+				done = d.deadLetterOrRetry(it.r, it.msg, it.attempt, it.cause, it.tries)
+			} else {
+				done = d.handle(dctx, it.r, it.msg, it.attempt)
+			}
+			if done {
 				it.r.buf.Done(it.msg)
 				m.finished(it.r)
 			}
@@ -185,7 +197,13 @@ func (d *deliverer) work() {
 			if timed {
 				start = time.Now()
 			}
-			for _, msg := range batch[:n] {
+			for i, msg := range batch[:n] {
+				if r.finished.Load() {
+					// Released (the drain timed out): what has not
+					// started goes back unfinished, to the next owner.
+					r.buf.abandon(batch[i:n]...)
+					break
+				}
 				if d.handle(dctx, r, msg, 1) {
 					finished = append(finished, msg)
 				}
@@ -241,11 +259,12 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 }
 
 // handleOrdered attempts msg until it succeeds or goes to the dead-letter
-// topic (true), waiting out the backoff in place so its queue waits; false
-// when the handlers' context ends first, or when the queue is being
-// released: a failed message is then left to the next owner rather than
-// retried (or dead-lettered) by a member giving the queue up, so a release
-// never waits out a backoff.
+// topic (true), waiting out the backoff in place so its queue waits; a
+// failed dead-letter send is tried again, with backoff, in place too. It
+// returns false when the queue is revoked or the handlers' context ends
+// first: a failed message is then left to the next owner rather than
+// retried (or dead-lettered) by a member giving the queue up, so a
+// release never waits out a backoff.
 func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage) bool {
 	m := d.m
 	for attempt := 1; ; attempt++ {
@@ -253,22 +272,37 @@ func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedM
 		if err == nil {
 			return true
 		}
-		if r.ctx.Err() != nil {
+		if r.releasing.Load() {
 			return false
 		}
 		if attempt >= m.cfg.maxAttempts || isPermanent(err) {
-			return d.deadLetter(r, msg, attempt, err)
+			for try := 1; ; try++ {
+				if d.deadLetter(r, msg, attempt, err) {
+					return true
+				}
+				if !d.wait(r, backoff(m.cfg.backoff, m.cfg.maxBackoff, try)) {
+					return false
+				}
+			}
 		}
-		t := time.NewTimer(backoff(m.cfg.backoff, m.cfg.maxBackoff, attempt))
-		select {
-		case <-t.C:
-		case <-r.ctx.Done():
-			t.Stop()
-			return false
-		case <-r.hctx.Done():
-			t.Stop()
+		if !d.wait(r, backoff(m.cfg.backoff, m.cfg.maxBackoff, attempt)) {
 			return false
 		}
+	}
+}
+
+// wait waits for d, or until r is revoked or its handlers' context ends
+// (false).
+func (d *deliverer) wait(r *queueRun, w time.Duration) bool {
+	t := time.NewTimer(w)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return !r.releasing.Load()
+	case <-r.ctx.Done():
+		return false
+	case <-r.hctx.Done():
+		return false
 	}
 }
 
@@ -282,13 +316,23 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 		return true
 	}
 	if attempt >= m.cfg.maxAttempts || isPermanent(err) {
-		if d.deadLetter(r, msg, attempt, err) {
-			return true
-		}
-		r.buf.abandon(msg)
-		return false
+		return d.deadLetterOrRetry(r, msg, attempt, err, 1)
 	}
 	d.schedule(&retryItem{r: r, msg: msg, attempt: attempt + 1, due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, attempt))})
+	return false
+}
+
+// deadLetterOrRetry makes dead-letter send number try of msg, which failed
+// attempts times with cause, and reports whether it went. If it did not,
+// msg stays unfinished and in flight: another try is scheduled after a
+// backoff, as for a failed handling.
+func (d *deliverer) deadLetterOrRetry(r *queueRun, msg *EnhancedMessage, attempts int, cause error, try int) bool {
+	if d.deadLetter(r, msg, attempts, cause) {
+		return true
+	}
+	m := d.m
+	d.schedule(&retryItem{r: r, msg: msg, attempt: attempts, cause: cause, tries: try + 1,
+		due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, try))})
 	return false
 }
 
@@ -297,7 +341,7 @@ func (d *deliverer) call(dctx *deliveryCtx, msg *EnhancedMessage, attempt int) (
 	dctx.d.Attempt = attempt
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("ferry: handler panic: %v", p)
+			err = errorf("ferry: handler panic: %v", p)
 			d.m.b.log.Error("ferry: handler panic", "group", d.m.group, "queue", msg.QueueID().String(),
 				"offset", msg.Offset, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		}
@@ -320,8 +364,27 @@ func backoff(base, limit time.Duration, attempt int) time.Duration {
 	return min(w, limit)
 }
 
+// maxErrorHeader bounds the [HeaderError] value of a dead letter, in bytes:
+// the headers the consumer adds to a dead letter take at most a few
+// hundred bytes more.
+const maxErrorHeader = 1024
+
+// clip returns s cut to at most n bytes, on a UTF-8 boundary, marked "…"
+// when cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
 // deadLetter sends msg to the dead-letter topic, creating the topic (one
-// queue) if needed, and reports whether it went.
+// queue) if needed, and reports whether it went (a failure is reported;
+// the caller tries again).
 func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, cause error) bool {
 	m := d.m
 	p, err := d.dlqProducer(r.hctx)
@@ -334,11 +397,11 @@ func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, 
 		h[HeaderOriginID] = msg.ID.String()
 		h[HeaderGroup] = m.group
 		h[HeaderAttempts] = strconv.Itoa(attempts)
-		h[HeaderError] = cause.Error()
+		h[HeaderError] = clip(cause.Error(), maxErrorHeader)
 		_, err = p.Send(r.hctx, &Message{Topic: m.cfg.deadLetter, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body})
 	}
 	if err != nil {
-		m.report(fmt.Errorf("ferry: dead letter %s offset %d to %q: %w (the message stays unfinished)", msg.QueueID(), msg.Offset, m.cfg.deadLetter, err))
+		m.report(errorf("ferry: dead letter %s offset %d to %q: %w (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, m.cfg.deadLetter, err))
 		return false
 	}
 	m.b.log.Warn("ferry: dead letter", "group", m.group, "queue", msg.QueueID().String(), "offset", msg.Offset,
@@ -359,7 +422,10 @@ func (d *deliverer) dlqProducer(ctx context.Context) (*Producer, error) {
 			return nil, err
 		}
 	}
-	p, err := b.NewProducer(WithProducerName(d.m.cfg.memberID))
+	// No size bound of its own: a message a producer could send, plus the
+	// headers added here, can always be dead-lettered (the queue's own
+	// limits still apply; a refused send is retried and reported).
+	p, err := b.NewProducer(WithProducerName(d.m.cfg.memberID), WithMaxMessageBytes(math.MaxInt))
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,10 @@
 package ferry
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Sentinel errors. Every error Ferry returns wraps one of these (or a
 // context error), so callers match them with [errors.Is].
@@ -46,3 +50,26 @@ var (
 	// still has live members.
 	ErrGroupActive = errors.New("ferry: group has live members")
 )
+
+// errorf is [fmt.Errorf] for the errors Ferry returns: the text keeps one
+// "ferry:" prefix per chain, dropping those of the errors it wraps
+// ("ferry: poll: start pull consumer: closed", not "ferry: poll: ferry:
+// start pull consumer: ferry: closed"), while [errors.Is] and
+// [errors.As] still see every wrapped error.
+func errorf(format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	msg := err.Error()
+	if !strings.Contains(msg, ": ferry: ") {
+		return err
+	}
+	return &chainError{msg: strings.ReplaceAll(msg, ": ferry: ", ": "), err: err}
+}
+
+// chainError is an error chain whose text errorf cleaned up.
+type chainError struct {
+	msg string
+	err error
+}
+
+func (e *chainError) Error() string { return e.msg }
+func (e *chainError) Unwrap() error { return e.err }

@@ -147,20 +147,27 @@ func (c *memCoordinator) unlock(g groupKey, q int, owner string) {
 
 // groupRegistry is the broker's part of consumption: the coordinator, the
 // consumers to close with the broker, and the committed offsets of every
-// cursor reading each topic, from which it releases [Block] queues.
+// cursor reading each topic with [Block] overflow, from which it releases
+// those topics' queues. The offsets come from what this broker's members
+// commit and, over a cursor store with [CursorGroups], from every group
+// the store holds.
 type groupRegistry struct {
-	coord coordinator
+	coord   coordinator
+	cursors CursorStore
 
 	mu        sync.Mutex // guards the fields below
 	closers   map[*groupMember]struct{}
 	committed map[string]map[string][]int64 // topic -> cursor scope -> offset per queue
+	seeded    map[string]bool               // topics whose groups were read from the store
 	closed    bool
 }
 
-func (r *groupRegistry) init() {
+func (r *groupRegistry) init(cursors CursorStore) {
 	r.coord = newMemCoordinator()
+	r.cursors = cursors
 	r.closers = map[*groupMember]struct{}{}
 	r.committed = map[string]map[string][]int64{}
+	r.seeded = map[string]bool{}
 }
 
 // add registers a member to close with the broker.
@@ -196,18 +203,57 @@ func (r *groupRegistry) closeAll() error {
 	return errors.Join(errs...)
 }
 
-// register records that scope reads topic, so its progress holds back the
-// release of Block queues from the start, before its first commit.
-func (r *groupRegistry) register(topic, scope string, queues int, start []int64) {
+// seed adds the groups the cursor store holds for t, a topic with [Block]
+// overflow, to its progress, once per topic: a group that committed
+// before this broker started holds the topic back as much as one
+// consuming now.
+func (r *groupRegistry) seed(ctx context.Context, t *topicState) error {
+	if t.meta.Retention.Overflow != Block {
+		return nil
+	}
+	cg, ok := r.cursors.(CursorGroups)
+	if !ok {
+		return nil
+	}
+	name := t.meta.Name
+	r.mu.Lock()
+	done := r.seeded[name]
+	r.mu.Unlock()
+	if done {
+		return nil
+	}
+	cs, err := cg.Cursors(ctx, name, len(t.queues))
+	if err != nil {
+		return err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.seeded[name] {
+		return nil // seeded meanwhile, perhaps before a forget
+	}
+	r.seeded[name] = true
+	for scope, c := range cs.Groups {
+		r.registerLocked(name, scope, c.Offsets)
+	}
+	return nil
+}
+
+// register records that scope reads topic, so its progress holds back the
+// release of Block queues from the start, before its first commit.
+func (r *groupRegistry) register(topic, scope string, start []int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.registerLocked(topic, scope, start)
+}
+
+func (r *groupRegistry) registerLocked(topic, scope string, start []int64) {
 	byScope := r.committed[topic]
 	if byScope == nil {
 		byScope = map[string][]int64{}
 		r.committed[topic] = byScope
 	}
 	if _, ok := byScope[scope]; !ok {
-		offs := make([]int64, queues)
+		offs := make([]int64, len(start))
 		for i := range offs {
 			offs[i] = max(0, start[i])
 		}
@@ -234,44 +280,73 @@ func (r *groupRegistry) committedTo(topic, scope string, q int, offset int64) in
 }
 
 // forget drops the progress of group on t (its own scope and those of its
-// broadcast members, "<group>@<member>"), so it no longer holds back the
-// release of Block queues, and releases what that frees. live reports
-// whether a scope has live members; if one has, nothing changes and forget
-// returns ErrGroupActive. Forgetting a group that never read t does
-// nothing.
+// broadcast members, "<group>@<member>") and deletes its cursors from a
+// store with [CursorGroups], so it no longer holds back the release of
+// Block queues, and releases what that frees. If a member of one of those
+// scopes is still open in this broker (closing included), or live
+// reports one elsewhere, nothing changes and forget returns
+// ErrGroupActive. Forgetting a group that never read t does nothing.
 func (r *groupRegistry) forget(t *topicState, group string, live func(scope string) bool) error {
+	ctx := context.Background()
+	if err := r.seed(ctx, t); err != nil {
+		return err
+	}
+	name := t.meta.Name
+	mine := func(scope string) bool { return scope == group || strings.HasPrefix(scope, group+"@") }
 	r.mu.Lock()
-	byScope := r.committed[t.meta.Name]
-	var scopes []string
-	for scope := range byScope {
-		if scope == group || strings.HasPrefix(scope, group+"@") {
-			if live(scope) {
-				r.mu.Unlock()
-				return fmt.Errorf("%w: %q on topic %q", ErrGroupActive, scope, t.meta.Name)
-			}
-			scopes = append(scopes, scope)
+	defer r.mu.Unlock() // held through the store's Forget: no member joins meanwhile
+	for m := range r.closers {
+		if m.topic == name && mine(m.scope) {
+			return fmt.Errorf("%w: %q on topic %q", ErrGroupActive, m.scope, name)
 		}
 	}
-	for _, scope := range scopes {
+	byScope := r.committed[name]
+	scopes := map[string]bool{}
+	for scope := range byScope {
+		if mine(scope) {
+			scopes[scope] = true
+		}
+	}
+	cg, durable := r.cursors.(CursorGroups)
+	if durable {
+		cs, err := cg.Cursors(ctx, name, len(t.queues))
+		if err != nil {
+			return err
+		}
+		for scope := range cs.Groups {
+			if mine(scope) {
+				scopes[scope] = true
+			}
+		}
+	}
+	for scope := range scopes {
+		if live(scope) {
+			return fmt.Errorf("%w: %q on topic %q", ErrGroupActive, scope, name)
+		}
+	}
+	if durable {
+		for scope := range scopes {
+			if err := cg.Forget(ctx, name, scope); err != nil {
+				return err
+			}
+		}
+	}
+	for scope := range scopes {
 		delete(byScope, scope)
+	}
+	if len(scopes) == 0 || t.meta.Retention.Overflow != Block {
+		return nil
 	}
 	// The lowest offset of what remains per queue; with no group left,
 	// nothing was consumed (as before the first group came) and nothing
 	// more is released.
-	lows := make([]int64, len(t.queues))
-	for q := range lows {
-		lows[q] = -1
+	for q := range t.queues {
+		low := int64(-1)
 		for _, offs := range byScope {
-			if q < len(offs) && (lows[q] < 0 || offs[q] < lows[q]) {
-				lows[q] = offs[q]
+			if q < len(offs) && (low < 0 || offs[q] < low) {
+				low = offs[q]
 			}
 		}
-	}
-	r.mu.Unlock()
-	if len(scopes) == 0 || t.meta.Retention.Overflow != Block {
-		return nil
-	}
-	for q, low := range lows {
 		if rel, ok := t.queues[q].(Releaser); ok && low > 0 {
 			rel.Release(low)
 		}

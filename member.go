@@ -37,14 +37,20 @@ type groupMember struct {
 	// (ns); it starts slow, so the first commits go to the committer.
 	commitCost atomic.Int64
 
-	first chan []*queueRun // the runs of the first rebalance, for Start
+	// assignedFirst is closed by the loop once the first rebalance has
+	// started the runs of the first assignment (firstRuns), or when the
+	// loop stops before one: Start waits on it, and on those runs' ready.
+	assignedFirst chan struct{}
 
-	mu      sync.Mutex // guards runs, state and lastErr
-	runs    map[int]*queueRun
-	state   int // memberNew, memberStarted, memberClosed
-	lastErr string
+	mu        sync.Mutex // guards runs, state, lastErr, firstRuns and closeErrs
+	runs      map[int]*queueRun
+	state     int // memberNew, memberStarted, memberClosed
+	lastErr   string
+	firstRuns []*queueRun
+	closeErrs []error // what failed while closing: Close returns it
 
 	closeOnce sync.Once
+	closeErr  error
 	pull      bool // a PullConsumer's: Close does not wait for polled messages
 	// dropRetries, set by a push consumer before it starts, abandons the
 	// retries waiting for a queue being released.
@@ -75,8 +81,9 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 		dirty:  make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 		halt:   make(chan struct{}),
-		first:  make(chan []*queueRun, 1),
 		runs:   map[int]*queueRun{},
+
+		assignedFirst: make(chan struct{}),
 	}
 	m.commitCost.Store(int64(time.Second)) // unmeasured: slow
 	if cfg.broadcast {
@@ -93,22 +100,32 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 	return m
 }
 
-// start joins the group, starts the goroutines (spawn adds the caller's)
-// and waits until the first assignment is taken or ctx is done.
-func (m *groupMember) start(ctx context.Context, op string, spawn func()) error {
+// start joins the group, starting the goroutines (spawn adds the
+// caller's), unless it has already, and waits until the first assignment
+// is taken, the member closes ([ErrClosed]) or ctx is done (ctx's error).
+// ctx bounds the wait only: the member runs until close.
+func (m *groupMember) start(ctx context.Context, spawn func()) error {
 	m.mu.Lock()
 	switch m.state {
 	case memberClosed:
 		m.mu.Unlock()
-		return fmt.Errorf("ferry: %s: %w", op, ErrClosed)
-	case memberStarted:
-		m.mu.Unlock()
-		return nil
+		return ErrClosed
+	case memberNew:
+		if err := m.join(spawn); err != nil {
+			m.mu.Unlock()
+			return err
+		}
 	}
+	m.mu.Unlock()
+	return m.waitSettled(ctx)
+}
+
+// join registers the member, joins the group and starts the goroutines.
+// m.mu is held.
+func (m *groupMember) join(spawn func()) error {
 	t, err := m.b.topic(m.topic)
 	if err != nil {
-		m.mu.Unlock()
-		return fmt.Errorf("ferry: %s: %w", op, err)
+		return err
 	}
 	m.t = t
 	m.ids = make([]QueueID, len(t.queues))
@@ -116,13 +133,11 @@ func (m *groupMember) start(ctx context.Context, op string, spawn func()) error 
 		m.ids[i] = QueueID{Topic: m.topic, Queue: i}
 	}
 	if err := m.b.groups.add(m); err != nil {
-		m.mu.Unlock()
-		return fmt.Errorf("ferry: %s: %w", op, err)
+		return err
 	}
 	if err := m.coord.join(m.key, m.cfg.memberID, m.notify); err != nil {
-		m.mu.Unlock()
 		m.b.groups.remove(m)
-		return fmt.Errorf("ferry: %s: %w", op, err)
+		return err
 	}
 	m.state = memberStarted
 	if spawn != nil {
@@ -131,26 +146,37 @@ func (m *groupMember) start(ctx context.Context, op string, spawn func()) error 
 	m.wg.Add(2)
 	go m.loop()
 	go m.committer()
-	m.mu.Unlock()
+	return nil
+}
 
-	var runs []*queueRun
+// waitSettled waits until the member holds the queues of its first
+// assignment, it is closing ([ErrClosed]) or ctx is done.
+func (m *groupMember) waitSettled(ctx context.Context) error {
 	select {
-	case runs = <-m.first:
+	case <-m.assignedFirst:
+	case <-m.stop:
+		return ErrClosed
 	case <-ctx.Done():
-		return fmt.Errorf("ferry: %s: %w", op, errors.Join(ctx.Err(), m.close()))
+		return ctx.Err()
 	}
+	m.mu.Lock()
+	runs := m.firstRuns
+	m.mu.Unlock()
 	for _, r := range runs {
 		select {
 		case <-r.ready:
+		case <-m.stop:
+			return ErrClosed
 		case <-ctx.Done():
-			return fmt.Errorf("ferry: %s: %w", op, errors.Join(ctx.Err(), m.close()))
+			return ctx.Err()
 		}
 	}
 	return nil
 }
 
 // close leaves the group, releases every queue (draining, committing and
-// unlocking each), stops the goroutines and waits for them. Idempotent.
+// unlocking each), stops the goroutines and waits for them. It returns
+// what failed meanwhile (a final commit, say), the same on every call.
 func (m *groupMember) close() error {
 	m.closeOnce.Do(func() {
 		m.mu.Lock()
@@ -169,8 +195,11 @@ func (m *groupMember) close() error {
 			// not hold back Block queues for good.
 			_ = m.b.groups.forget(m.t, m.scope, func(string) bool { return false })
 		}
+		m.mu.Lock()
+		m.closeErr = errors.Join(m.closeErrs...)
+		m.mu.Unlock()
 	})
-	return nil
+	return m.closeErr
 }
 
 // assigned returns the queues whose lock the member holds, sorted.
@@ -187,8 +216,16 @@ func (m *groupMember) assigned() []QueueID {
 	return out
 }
 
-// report logs err and hands it to the WithOnError function.
+// report logs err and hands it to the WithOnError function; while the
+// member closes, Close returns it too.
 func (m *groupMember) report(err error) {
+	if m.closing() {
+		m.mu.Lock()
+		if !slices.ContainsFunc(m.closeErrs, func(e error) bool { return e.Error() == err.Error() }) {
+			m.closeErrs = append(m.closeErrs, err)
+		}
+		m.mu.Unlock()
+	}
 	m.b.log.Error("ferry: consumer", "group", m.group, "member", m.cfg.memberID, "err", err)
 	if m.cfg.onError != nil {
 		m.cfg.onError(err)
@@ -204,6 +241,9 @@ func (m *groupMember) loop() {
 		select {
 		case <-m.stop:
 			m.rebalance(nil, false)
+			if first {
+				close(m.assignedFirst)
+			}
 			close(m.halt)
 			m.markDirty()
 			return
@@ -214,7 +254,10 @@ func (m *groupMember) loop() {
 				if !ok {
 					runs = nil // a broken split: Start does not wait for locks that may never come
 				}
-				m.first <- runs
+				m.mu.Lock()
+				m.firstRuns = runs
+				m.mu.Unlock()
+				close(m.assignedFirst)
 				first = false
 			}
 		}
@@ -271,7 +314,7 @@ func (m *groupMember) allocate() (mine []QueueID, ok bool) {
 		m.mu.Unlock()
 		return mine, true
 	}
-	err := fmt.Errorf("ferry: group %q: %w: allocator %T over %d members: %s", m.group, ErrInvalidAllocation, a, len(members), bad[0])
+	err := errorf("ferry: group %q: %w: allocator %T over %d members: %s", m.group, ErrInvalidAllocation, a, len(members), bad[0])
 	if len(bad) > 1 {
 		err = fmt.Errorf("%w (and %d more problems)", err, len(bad)-1)
 	}
@@ -311,7 +354,7 @@ func (m *groupMember) rebalance(mine []QueueID, take bool) []*queueRun {
 	}
 	m.mu.Unlock()
 	for _, r := range lost {
-		r.cancel() // the run drains, commits and unlocks
+		r.revoke() // the run drains, commits and unlocks
 	}
 	for _, r := range lost {
 		<-r.done

@@ -3,7 +3,6 @@ package ferry
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -67,22 +66,22 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 	var size int64
 	for i, m := range msgs {
 		if m == nil {
-			return 0, fmt.Errorf("ferry: write %s: message %d: %w: nil", q.id, i, ErrInvalidMessage)
+			return 0, errorf("ferry: write %s: message %d: %w: nil", q.id, i, ErrInvalidMessage)
 		}
 		size += int64(m.Size())
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("ferry: write %s: %w", q.id, err)
+		return 0, errorf("ferry: write %s: %w", q.id, err)
 	}
 	n := int64(len(msgs))
 	if over(n, q.ret.MaxMessages) || over(size, q.ret.MaxBytes) {
-		return 0, fmt.Errorf("ferry: write %s: %w: batch of %d messages, %d bytes exceeds retention", q.id, ErrMessageTooLarge, n, size)
+		return 0, errorf("ferry: write %s: %w: batch of %d messages, %d bytes exceeds retention", q.id, ErrMessageTooLarge, n, size)
 	}
 	q.mu.Lock()
 	for {
 		if q.closed {
 			q.mu.Unlock()
-			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ErrClosed)
+			return 0, errorf("ferry: write %s: %w", q.id, ErrClosed)
 		}
 		if now.IsZero() {
 			now = stampTime() // one clock read per write: it costs as much as the rest of a small write
@@ -93,7 +92,7 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		}
 		if !wait {
 			q.mu.Unlock()
-			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ErrQueueFull)
+			return 0, errorf("ferry: write %s: %w", q.id, ErrQueueFull)
 		}
 		if q.space == nil {
 			q.space = make(chan struct{})
@@ -104,7 +103,7 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		select {
 		case <-space:
 		case <-ctx.Done():
-			return 0, fmt.Errorf("ferry: write %s: %w", q.id, ctx.Err())
+			return 0, errorf("ferry: write %s: %w", q.id, ctx.Err())
 		}
 		q.mu.Lock()
 	}
@@ -203,7 +202,7 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 	for {
 		if q.closed {
 			q.mu.Unlock()
-			return 0, fmt.Errorf("ferry: read %s: %w", q.id, ErrClosed)
+			return 0, errorf("ferry: read %s: %w", q.id, ErrClosed)
 		}
 		if q.ret.MaxAge > 0 && q.head < len(q.msgs) {
 			q.trim(time.Now(), 0, 0)
@@ -212,7 +211,7 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 		if offset < q.base || offset > next {
 			base := q.base
 			q.mu.Unlock()
-			return 0, fmt.Errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ErrOffsetOutOfRange, base, next)
+			return 0, errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ErrOffsetOutOfRange, base, next)
 		}
 		if offset < next {
 			i := q.head + int(offset-q.base)
@@ -222,7 +221,7 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 		}
 		if err := ctx.Err(); err != nil {
 			q.mu.Unlock()
-			return 0, fmt.Errorf("ferry: read %s: %w", q.id, err)
+			return 0, errorf("ferry: read %s: %w", q.id, err)
 		}
 		ch := wakePool.Get().(chan struct{})
 		q.readers = append(q.readers, ch)
@@ -240,7 +239,7 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 			}
 			q.mu.Unlock()
 			wakePool.Put(ch)
-			return 0, fmt.Errorf("ferry: read %s: %w", q.id, ctx.Err())
+			return 0, errorf("ferry: read %s: %w", q.id, ctx.Err())
 		}
 	}
 }
@@ -320,18 +319,18 @@ func NewMemoryStorage() *MemoryStorage {
 // OpenQueue implements [Storage].
 func (s *MemoryStorage) OpenQueue(ctx context.Context, meta TopicMeta, queue int) (Queue, error) {
 	if err := meta.Validate(); err != nil {
-		return nil, fmt.Errorf("ferry: open queue: %w", err)
+		return nil, errorf("ferry: open queue: %w", err)
 	}
 	if queue < 0 || queue >= meta.Queues {
-		return nil, fmt.Errorf("ferry: open queue: %w: queue %d of %d in topic %q", ErrInvalidTopic, queue, meta.Queues, meta.Name)
+		return nil, errorf("ferry: open queue: %w: queue %d of %d in topic %q", ErrInvalidTopic, queue, meta.Queues, meta.Name)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("ferry: open queue: %w", err)
+		return nil, errorf("ferry: open queue: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("ferry: open queue: %w", ErrClosed)
+		return nil, errorf("ferry: open queue: %w", ErrClosed)
 	}
 	id := QueueID{Topic: meta.Name, Queue: queue}
 	if q, ok := s.queues[id]; ok {
@@ -352,7 +351,7 @@ func (s *MemoryStorage) Topics(ctx context.Context) ([]TopicMeta, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("ferry: topics: %w", ErrClosed)
+		return nil, errorf("ferry: topics: %w", ErrClosed)
 	}
 	out := make([]TopicMeta, 0, len(s.topics))
 	for _, m := range s.topics {
@@ -365,15 +364,15 @@ func (s *MemoryStorage) Topics(ctx context.Context) ([]TopicMeta, error) {
 // SaveTopic implements [Storage].
 func (s *MemoryStorage) SaveTopic(ctx context.Context, meta TopicMeta) error {
 	if err := meta.Validate(); err != nil {
-		return fmt.Errorf("ferry: save topic: %w", err)
+		return errorf("ferry: save topic: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("ferry: save topic: %w", err)
+		return errorf("ferry: save topic: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("ferry: save topic: %w", ErrClosed)
+		return errorf("ferry: save topic: %w", ErrClosed)
 	}
 	s.topics[meta.Name] = meta.Normalized()
 	return nil

@@ -74,7 +74,7 @@ func TestConsumerBroadcastDeliversEverythingToEveryMember(t *testing.T) {
 
 func TestConsumerBroadcastCursorsArePerMember(t *testing.T) {
 	cursors := ferry.NewMemoryCursorStore()
-	defer cursors.Close()
+	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
 	b := newTopic(t, 1, ferry.WithCursorStore(cursors))
 	produce(t, b, "t", "x", 20, 1)
 	c := newTally(20)
@@ -103,7 +103,7 @@ func TestConsumerBroadcastCursorsArePerMember(t *testing.T) {
 
 func TestConsumerTagsFilterAndStillCommit(t *testing.T) {
 	cursors := ferry.NewMemoryCursorStore()
-	defer cursors.Close()
+	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
 	b := newTopic(t, 1, ferry.WithCursorStore(cursors))
 	p, err := b.NewProducer()
 	require.NoError(t, err)
@@ -131,7 +131,7 @@ type reset struct {
 
 func TestConsumerCursorBehindRetentionResetsAndReports(t *testing.T) {
 	cursors := ferry.NewMemoryCursorStore()
-	defer cursors.Close()
+	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
 	b, err := ferry.NewBroker(ferry.WithCursorStore(cursors))
 	require.NoError(t, err)
 	defer b.Close()
@@ -404,7 +404,7 @@ func TestConsumerMaxRetryBackoffCapsTheWait(t *testing.T) {
 
 func TestConsumerCloseDrainsInFlight(t *testing.T) {
 	cursors := ferry.NewMemoryCursorStore()
-	defer cursors.Close()
+	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
 	b := newTopic(t, 1, ferry.WithCursorStore(cursors))
 	entered := make(chan struct{})
 	proceed := make(chan struct{})

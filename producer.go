@@ -78,10 +78,10 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 		c.name = "producer-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(producerSeq.Add(1), 10)
 	}
 	if c.max <= 0 {
-		return nil, fmt.Errorf("ferry: new producer: %w: max message bytes %d", ErrInvalidOption, c.max)
+		return nil, errorf("ferry: new producer: %w: max message bytes %d", ErrInvalidOption, c.max)
 	}
 	if b.closed.Load() {
-		return nil, fmt.Errorf("ferry: new producer: %w", ErrClosed)
+		return nil, errorf("ferry: new producer: %w", ErrClosed)
 	}
 	return &Producer{b: b, router: c.router, name: c.name, max: c.max}, nil
 }
@@ -96,7 +96,7 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 	r, err := p.send(ctx, m, true)
 	if err != nil {
-		return SendResult{}, fmt.Errorf("ferry: send: %w", err)
+		return SendResult{}, errorf("ferry: send: %w", err)
 	}
 	return r, nil
 }
@@ -107,7 +107,7 @@ func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 func (p *Producer) TrySend(m *Message) (SendResult, error) {
 	r, err := p.send(context.Background(), m, false)
 	if err != nil {
-		return SendResult{}, fmt.Errorf("ferry: try send: %w", err)
+		return SendResult{}, errorf("ferry: try send: %w", err)
 	}
 	return r, nil
 }
@@ -210,12 +210,12 @@ func (p *Producer) route(em *EnhancedMessage, meta TopicMeta) (int, error) {
 func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult, error) {
 	if len(msgs) == 0 {
 		if p.closed.Load() {
-			return nil, fmt.Errorf("ferry: send batch: %w", ErrClosed)
+			return nil, errorf("ferry: send batch: %w", ErrClosed)
 		}
 		return nil, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("ferry: send batch: %w", err)
+		return nil, errorf("ferry: send batch: %w", err)
 	}
 	now := p.b.clock.now()
 	ems := make([]EnhancedMessage, len(msgs))
@@ -230,7 +230,7 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 	for i, m := range msgs {
 		t, q, err := p.prepare(m, &ems[i], now, first+uint64(i))
 		if err != nil {
-			return nil, fmt.Errorf("ferry: send batch: message %d: %w", i, err)
+			return nil, errorf("ferry: send batch: message %d: %w", i, err)
 		}
 		if i == 0 {
 			targets = append(targets, target{t: t})
@@ -290,7 +290,7 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 				continue
 			}
 			if _, err := writeAt(ctx, tg.t.queues[q], sorted[lo:hi], now); err != nil {
-				return results, fmt.Errorf("ferry: send batch: write %s: %w", tg.t.queues[q].ID(), err)
+				return results, errorf("ferry: send batch: write %s: %w", tg.t.queues[q].ID(), err)
 			}
 			for k := lo; k < hi; k++ {
 				em := sorted[k]
@@ -313,7 +313,7 @@ func (p *Producer) writeOne(ctx context.Context, t *topicState, q int, ems []Enh
 		for i := range results {
 			results[i].Offset = -1
 		}
-		return results, fmt.Errorf("ferry: send batch: write %s: %w", t.queues[q].ID(), err)
+		return results, errorf("ferry: send batch: write %s: %w", t.queues[q].ID(), err)
 	}
 	id := QueueID{Topic: t.meta.Name, Queue: q}
 	for i := range ems {

@@ -3,7 +3,6 @@ package ferry
 import (
 	"context"
 	"errors"
-	"fmt"
 	"iter"
 	"strings"
 	"sync"
@@ -35,13 +34,13 @@ type PullConsumer struct {
 func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*PullConsumer, error) {
 	cfg, err := newConsumerConfig(group, topic, opts)
 	if err != nil {
-		return nil, fmt.Errorf("ferry: new pull consumer: %w", err)
+		return nil, errorf("ferry: new pull consumer: %w", err)
 	}
 	if len(cfg.pushOnly) > 0 {
-		return nil, fmt.Errorf("ferry: new pull consumer: %w: %s is for push consumers", ErrInvalidOption, strings.Join(cfg.pushOnly, ", "))
+		return nil, errorf("ferry: new pull consumer: %w: %s is for push consumers", ErrInvalidOption, strings.Join(cfg.pushOnly, ", "))
 	}
 	if b.closed.Load() {
-		return nil, fmt.Errorf("ferry: new pull consumer: %w", ErrClosed)
+		return nil, errorf("ferry: new pull consumer: %w", ErrClosed)
 	}
 	m := newGroupMember(b, group, topic, cfg)
 	m.pull = true
@@ -49,10 +48,13 @@ func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*
 }
 
 // Start joins the group and returns once the consumer holds the queues of
-// its first assignment, or ctx is done; see [Consumer.Start]. Poll calls
-// it if needed.
+// its first assignment; see [Consumer.Start]: ctx bounds only the wait,
+// never the consumer. Poll and Messages call it if needed.
 func (c *PullConsumer) Start(ctx context.Context) error {
-	return c.m.start(ctx, "start pull consumer", nil)
+	if err := c.m.start(ctx, nil); err != nil {
+		return errorf("ferry: start pull consumer: %w", err)
+	}
+	return nil
 }
 
 // Poll returns up to max messages, in offset order within each queue,
@@ -63,10 +65,10 @@ func (c *PullConsumer) Start(ctx context.Context) error {
 // messages are shared with other groups and must not be modified.
 func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, error) {
 	if max < 1 {
-		return nil, fmt.Errorf("ferry: poll: %w: max %d", ErrInvalidOption, max)
+		return nil, errorf("ferry: poll: %w: max %d", ErrInvalidOption, max)
 	}
 	if err := c.Start(ctx); err != nil {
-		return nil, fmt.Errorf("ferry: poll: %w", err)
+		return nil, errorf("ferry: poll: %w", err)
 	}
 	c.finishLast()
 	// One Poll takes from one queue's buffer, which never holds more than
@@ -74,7 +76,7 @@ func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, e
 	out := make([]*EnhancedMessage, min(max, c.m.cfg.buffer.MaxMessages))
 	n, err := c.poll(ctx, out)
 	if err != nil {
-		return nil, fmt.Errorf("ferry: poll: %w", err)
+		return nil, errorf("ferry: poll: %w", err)
 	}
 	out = out[:n:n]
 	if c.m.cfg.autoCommit {
@@ -154,10 +156,10 @@ func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) err
 	closed := c.m.state == memberClosed
 	c.m.mu.Unlock()
 	if closed {
-		return fmt.Errorf("ferry: commit: %w", ErrClosed)
+		return errorf("ferry: commit: %w", ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("ferry: commit: %w", err)
+		return errorf("ferry: commit: %w", err)
 	}
 	var errs []error
 	for _, r := range c.finish(msgs) {
@@ -175,13 +177,13 @@ func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) err
 func (c *PullConsumer) Messages(ctx context.Context) iter.Seq2[*EnhancedMessage, error] {
 	return func(yield func(*EnhancedMessage, error) bool) {
 		if err := c.Start(ctx); err != nil {
-			yield(nil, fmt.Errorf("ferry: messages: %w", err))
+			yield(nil, errorf("ferry: messages: %w", err))
 			return
 		}
 		var one [1]*EnhancedMessage
 		for {
 			if _, err := c.poll(ctx, one[:]); err != nil {
-				yield(nil, fmt.Errorf("ferry: messages: %w", err))
+				yield(nil, errorf("ferry: messages: %w", err))
 				return
 			}
 			more := yield(one[0], nil)

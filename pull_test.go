@@ -16,7 +16,7 @@ import (
 
 func TestPullConsumerPollCommitResume(t *testing.T) {
 	cursors := ferry.NewMemoryCursorStore()
-	defer cursors.Close()
+	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
 	b := newTopic(t, 2, ferry.WithCursorStore(cursors))
 	produce(t, b, "t", "x", 40, 8)
 
@@ -66,7 +66,7 @@ func TestPullConsumerPollCommitResume(t *testing.T) {
 
 func TestPullConsumerMessagesAutoCommit(t *testing.T) {
 	cursors := ferry.NewMemoryCursorStore()
-	defer cursors.Close()
+	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
 	b := newTopic(t, 1, ferry.WithCursorStore(cursors))
 	produce(t, b, "t", "x", 10, 1)
 	pc, err := b.NewPullConsumer("g", "t", ferry.WithAutoCommit())

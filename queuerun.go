@@ -3,7 +3,6 @@ package ferry
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -37,8 +36,8 @@ type queueRun struct {
 	done    chan struct{} // closed when the run has released the queue
 
 	owned     atomic.Bool // lock held and cursor loaded
-	releasing atomic.Bool // no new takes from the buffer
-	finished  atomic.Bool // released: retries of its messages are dropped
+	releasing atomic.Bool // revoked: no take from the buffer, no retry starts
+	finished  atomic.Bool // drained (or the drain gave up): no handling starts
 
 	inReady bool // guarded by m.sched.mu
 
@@ -96,9 +95,12 @@ func (r *queueRun) load() (int64, error) {
 	m := r.m
 	offs, err := m.b.cursors.Load(r.ctx, m.topic, m.scope, len(m.ids))
 	if err != nil {
-		return 0, fmt.Errorf("ferry: take %s: %w", r.id, err)
+		return 0, errorf("ferry: take %s: %w", r.id, err)
 	}
-	m.b.groups.register(m.topic, m.scope, len(m.ids), offs)
+	if err := m.b.groups.seed(r.ctx, m.t); err != nil {
+		return 0, errorf("ferry: take %s: %w", r.id, err)
+	}
+	m.b.groups.register(m.topic, m.scope, offs)
 	cur := offs[r.q]
 	oldest, next := r.queue.Offsets()
 	start := cur
@@ -112,7 +114,7 @@ func (r *queueRun) load() (int64, error) {
 	}
 	if start != cur {
 		if err := m.b.cursors.Commit(r.ctx, m.topic, m.scope, r.q, start); err != nil {
-			return 0, fmt.Errorf("ferry: take %s: %w", r.id, err)
+			return 0, errorf("ferry: take %s: %w", r.id, err)
 		}
 	}
 	r.commitMu.Lock()
@@ -165,7 +167,7 @@ func (r *queueRun) fetch() {
 				<-r.ctx.Done() // the broker is closing; it closes us too
 				return
 			}
-			m.report(fmt.Errorf("ferry: fetch %s: %w", r.id, err))
+			m.report(errorf("ferry: fetch %s: %w", r.id, err))
 			t := time.NewTimer(readErrorBackoff)
 			select {
 			case <-t.C:
@@ -210,20 +212,31 @@ func (r *queueRun) fetch() {
 // handled as a failed one, rather than crash the fetch loop.
 func checkRead(q Queue, next int64, dst []*EnhancedMessage, n int) error {
 	if n < 1 || n > len(dst) {
-		return fmt.Errorf("ferry: queue %T read %d messages into %d", q, n, len(dst))
+		return errorf("ferry: queue %T read %d messages into %d", q, n, len(dst))
 	}
 	want := next
 	for i, m := range dst[:n] {
 		if m == nil || m.Offset < want {
 			clear(dst[:n])
 			if m == nil {
-				return fmt.Errorf("ferry: queue %T read at %d: message %d: %w: nil", q, next, i, ErrInvalidMessage)
+				return errorf("ferry: queue %T read at %d: message %d: %w: nil", q, next, i, ErrInvalidMessage)
 			}
-			return fmt.Errorf("ferry: queue %T read at %d: message %d has offset %d, want %d or more", q, next, i, m.Offset, want)
+			return errorf("ferry: queue %T read at %d: message %d has offset %d, want %d or more", q, next, i, m.Offset, want)
 		}
 		want = m.Offset + 1
 	}
 	return nil
+}
+
+// revoke stops intake at once, before the run drains: no message is taken
+// from the buffer and no handling or retry of one starts after it (the
+// unstarted rest of a taken batch goes back, unfinished), so nothing can
+// overtake a message left unfinished; then the fetch loop stops and the
+// run releases the queue.
+func (r *queueRun) revoke() {
+	r.releasing.Store(true)
+	r.buf.Close()
+	r.cancel()
 }
 
 // release stops takes, waits for the in-flight messages up to the drain
@@ -242,6 +255,7 @@ func (r *queueRun) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	err := r.buf.WaitDrained(ctx)
 	cancel()
+	r.finished.Store(true) // no handling starts after the drain
 	if err != nil && timeout > 0 {
 		st := r.buf.Stats()
 		m.b.log.Warn("ferry: drain timeout, abandoning in-flight messages", "group", m.scope,
@@ -253,7 +267,6 @@ func (r *queueRun) release() {
 	if err := r.commit(true); err != nil {
 		m.report(err)
 	}
-	r.finished.Store(true)
 	r.owned.Store(false)
 }
 
@@ -296,7 +309,7 @@ func (r *queueRun) commitLocked(final bool) error {
 	err := m.b.cursors.Commit(context.Background(), m.topic, m.scope, r.q, off)
 	m.recordCommit(time.Since(start))
 	if err != nil {
-		return fmt.Errorf("ferry: commit %s at %d: %w", r.id, off, err)
+		return errorf("ferry: commit %s at %d: %w", r.id, off, err)
 	}
 	r.committed = off
 	r.releaseBlocked(off)

@@ -166,7 +166,7 @@ func TestConsumerSlowCursorStoreDoesNotHoldHandlers(t *testing.T) {
 func TestConsumerFastCursorStoreCommitsInPlace(t *testing.T) {
 	ctx := context.Background()
 	cursors := NewMemoryCursorStore()
-	defer cursors.Close()
+	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
 	b, err := NewBroker(WithCursorStore(cursors))
 	require.NoError(t, err)
 	defer b.Close()

@@ -51,7 +51,7 @@ func TestConsumerSharesSlowHandlingAcrossWorkers(t *testing.T) {
 // the consumer runs, not only when it stops.
 func TestConsumerFilteredBatchCommitsWhileRunning(t *testing.T) {
 	cursors := ferry.NewMemoryCursorStore()
-	defer cursors.Close()
+	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
 	b := newTopic(t, 1, ferry.WithCursorStore(cursors))
 	p, err := b.NewProducer()
 	require.NoError(t, err)

@@ -319,3 +319,103 @@ func (st *Store) Load(ctx context.Context, topic, group string, queues int) ([]i
 func (st *Store) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
 	return st.cursors.commit(ctx, topic, group, queue, offset)
 }
+
+// cursors lists every group's cursor on topic.
+func (c *cursorStore) cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
+	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
+		return ferry.Cursors{}, fmt.Errorf("ferry: list cursors: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return ferry.Cursors{}, fmt.Errorf("ferry: list cursors: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ferry.Cursors{}, fmt.Errorf("ferry: list cursors: %w", ferry.ErrClosed)
+	}
+	out := ferry.Cursors{Topic: topic, Groups: map[string]ferry.Cursor{}}
+	for k, off := range c.m {
+		if k.topic != topic || k.queue >= queues {
+			continue
+		}
+		cur, ok := out.Groups[k.group]
+		if !ok {
+			cur = ferry.Cursor{Group: k.group, Offsets: make([]int64, queues)}
+			for i := range cur.Offsets {
+				cur.Offsets[i] = -1
+			}
+			out.Groups[k.group] = cur
+		}
+		cur.Offsets[k.queue] = off
+	}
+	return out, nil
+}
+
+// forget deletes group's cursors on topic, durably as commit does.
+func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
+	if err := ferry.ValidateCursorArgs(topic, group, 0); err != nil {
+		return fmt.Errorf("ferry: forget cursor: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("ferry: forget cursor: %w", err)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("ferry: forget cursor: %w", ferry.ErrClosed)
+	}
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return fmt.Errorf("ferry: forget cursor: %w", err)
+	}
+	n := len(c.m)
+	for k := range c.m {
+		if k.topic == topic && k.group == group {
+			delete(c.m, k)
+		}
+	}
+	if len(c.m) == n {
+		c.mu.Unlock()
+		return nil
+	}
+	c.gen++
+	mine, flushed := c.gen, c.flushed
+	c.mu.Unlock()
+	c.poke()
+	// Forgetting is rare and must outlast a restart: wait for the file
+	// whatever the sync policy.
+	for {
+		select {
+		case <-flushed:
+		case <-ctx.Done():
+			return fmt.Errorf("ferry: forget cursor: %w", ctx.Err())
+		}
+		c.mu.Lock()
+		written, err := c.written, c.err
+		flushed = c.flushed
+		c.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("ferry: forget cursor: %w", err)
+		}
+		if written >= mine {
+			return nil
+		}
+	}
+}
+
+// Cursors implements [ferry.CursorGroups].
+func (st *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
+	return st.cursors.cursors(ctx, topic, queues)
+}
+
+// Forget implements [ferry.CursorGroups]. It returns once the cursor file
+// without group's cursors is written, whatever the sync policy.
+func (st *Store) Forget(ctx context.Context, topic, group string) error {
+	return st.cursors.forget(ctx, topic, group)
+}
+
+var (
+	_ ferry.CursorStore  = (*Store)(nil)
+	_ ferry.CursorGroups = (*Store)(nil)
+)
