@@ -45,15 +45,30 @@
 // Each owned queue has a [Buffer] between its fetch loop and the handlers:
 // fetching pauses at the buffer's high watermark (or max span) and resumes
 // at its low one. The committed cursor of a queue is its smallest
-// unfinished offset, so a crash or rebalance delivers again only what was
-// in flight. A failing message is retried with backoff ([WithRetry];
-// concurrent mode keeps handling the rest, [Ordered] holds its queue),
-// then goes with headers naming its origin to the dead-letter topic
-// ([WithDeadLetter], "%DLQ%<group>" by default). A cursor that fell out of
-// the retained range resets to the oldest retained offset and says so
-// ([WithOnReset], and a Warn log). On a topic with [Block] overflow, the
-// lowest cursor of every group that ever consumed it releases room for
-// producers.
+// unfinished offset, so a crash or rebalance delivers again every message
+// of the queue from there on: the messages in flight and, in concurrent
+// mode, those after the oldest unfinished one that finished already (at
+// most [WithMaxSpan] of them; a message waiting out a retry's backoff is
+// unfinished, so a release during a backoff redelivers what finished after
+// it). [Ordered] handles a queue's messages one at a time, and no message
+// of a queue reaches a handler, on this member or the next owner, before
+// every lower offset has finished (succeeded or been dead-lettered): a
+// released queue stops handing out messages at once. A failing message is
+// retried with backoff ([WithRetry]; concurrent mode keeps handling the
+// rest, [Ordered] holds its queue), then goes with headers naming its
+// origin to the dead-letter topic ([WithDeadLetter], "%DLQ%<group>" by
+// default); a dead-letter send that fails is tried again with backoff and
+// reported, the message staying unfinished until its dead letter is
+// written. A cursor that fell out of the retained range resets to the
+// oldest retained offset and says so ([WithOnReset], and a Warn log). On a
+// topic with [Block] overflow, the lowest cursor of every group with a
+// committed cursor on the topic releases room for producers (over a cursor
+// store with [CursorGroups], as the memory and file stores are, this
+// includes groups with no member running; see [Broker.ForgetGroup]).
+//
+// Calls that wait take a context that bounds the call only: a Start or a
+// Poll that times out leaves its consumer running, to be closed with
+// Close, which returns what failed while closing.
 //
 // # Seams
 //

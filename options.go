@@ -162,8 +162,12 @@ func WithMaxRetryBackoff(d time.Duration) ConsumerOption {
 }
 
 // WithDeadLetter sets the topic failed messages go to (push only); it is
-// created with one queue on first use if it does not exist. Default:
-// "%DLQ%<group>".
+// created with one queue on first use if it does not exist. A dead letter
+// is the message with the headers of its origin added (the error text cut
+// to 1 KiB), sent with no size bound of its own, so whatever a producer
+// could send can be dead-lettered; a send the topic's queue refuses is
+// tried again with backoff and reported (see [WithOnError]), the message
+// staying unfinished. Default: "%DLQ%<group>".
 func WithDeadLetter(topic string) ConsumerOption {
 	return func(c *consumerConfig) { c.deadLetter = topic; c.push("WithDeadLetter") }
 }
@@ -171,7 +175,8 @@ func WithDeadLetter(topic string) ConsumerOption {
 // WithDrainTimeout bounds how long releasing a queue (on rebalance or
 // Close) waits for its in-flight messages to finish before it commits what
 // finished, cancels the handlers' context and lets the queue go; the
-// unfinished ones are delivered again to the next owner. Zero does not
+// unfinished ones are delivered again to the next owner, and no handling
+// of the queue's messages starts on this member after that. Zero does not
 // wait. Default: [DefaultDrainTimeout].
 func WithDrainTimeout(d time.Duration) ConsumerOption {
 	return func(c *consumerConfig) { c.drainTimeout = d }
