@@ -1,0 +1,674 @@
+package ferry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/ferrymq/ferry"
+)
+
+// The tracker of TestChurnModel: a model of what every group must have
+// done with every produced offset, fed by a wrapped Handler (and the pull
+// loops), a wrapped CursorStore and a wrapped Storage (dead-letter
+// writes). It checks the invariants that must hold at every instant as
+// events arrive (one member per (group, queue) at a time, ordered
+// handling, cursors never moving back, no handler call after its queue
+// was given up) and records every breach as a violation; the test checks
+// the end-of-round invariants (no loss, permanent failures dead-lettered,
+// cursors at the end) against it and reports the violations per round.
+
+// Violation kinds, in the order the report lists them.
+const (
+	violOverlap   = "overlap"          // two members inside one (group, queue)
+	violStale     = "stale-call"       // a handler called with its context already cancelled
+	violOrder     = "order"            // ordered group: an offset entered before a lower one finished
+	violCursor    = "cursor-backwards" // a committed cursor moved back
+	violCursorEnd = "cursor-end"       // a cursor not at the queue's end once everything is handled
+	violStall     = "stall"            // the round did not settle: something never finished
+	violLoss      = "loss"             // a produced offset neither handled nor dead-lettered
+	violPermanent = "permanent-not-dead-lettered"
+	violIntegrity = "integrity" // a handled body that is not what was produced at that offset
+	violReset     = "reset"     // a cursor reset (none expected with default retention)
+	violSelfClose = "self-closed"
+	violStart     = "start"
+	violProduce   = "produce"
+	violReopen    = "reopen"
+	violDLQ       = "dead-letter-readback"
+)
+
+var violKinds = []string{violOverlap, violStale, violOrder, violCursor, violStall, violCursorEnd, violLoss, violPermanent,
+	violIntegrity, violReset, violSelfClose, violStart, violProduce, violReopen, violDLQ}
+
+// outcome is how one handler call (or pull handling) ended.
+type outcome int
+
+const (
+	outOK outcome = iota
+	outPermanent
+	outFail  // an error with attempts left
+	outPanic // the handler panicked
+)
+
+func (o outcome) String() string {
+	return [...]string{"ok", "permanent", "error", "panic"}[o]
+}
+
+// offRec is what a group did with one offset of one queue.
+type offRec struct {
+	ok, perm, fail int // handler calls that returned nil, Permanent, another error or panicked
+	dlq            int // dead-letter writes that went through
+	dlqRead        bool
+	body           string
+	hist           []string
+}
+
+// finished reports whether the group is done with the offset: handled, or
+// dead-lettered.
+func (r *offRec) finished() bool { return r.ok > 0 || r.dlq > 0 }
+
+func (r *offRec) note(s string) {
+	if len(r.hist) < 12 {
+		r.hist = append(r.hist, s)
+	} else if len(r.hist) == 12 {
+		r.hist = append(r.hist, "...")
+	}
+}
+
+// call is a handler call in progress.
+type call struct {
+	group, member string
+	queue         int
+	offset        int64
+	attempt       int
+	done          <-chan struct{} // the handler context's Done; nil for a pull member
+	abandoned     bool            // the test crash-closed a pull member while it held the message
+}
+
+// givenUp reports whether the consumer gave up on the call: its context
+// was cancelled after it started (a drain timeout), or the test
+// crash-closed the pull member holding it.
+func (c *call) givenUp() bool {
+	if c.abandoned {
+		return true
+	}
+	if c.done == nil {
+		return false
+	}
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *call) String() string {
+	s := fmt.Sprintf("%s@%d#%d", c.member, c.offset, c.attempt)
+	if c.givenUp() {
+		s += "(given up)"
+	}
+	return s
+}
+
+type queueTrack struct {
+	recs   []*offRec
+	prefix int64 // smallest unfinished offset
+	inside map[*call]struct{}
+	cursor int64 // last committed, -1 for none
+}
+
+func (q *queueTrack) rec(off int64) *offRec {
+	for int64(len(q.recs)) <= off {
+		q.recs = append(q.recs, &offRec{})
+	}
+	return q.recs[off]
+}
+
+func (q *queueTrack) advance() {
+	for q.prefix < int64(len(q.recs)) && q.recs[q.prefix].finished() {
+		q.prefix++
+	}
+}
+
+type groupTrack struct {
+	name    string
+	ordered bool
+	queues  []*queueTrack
+}
+
+type tracker struct {
+	mu       sync.Mutex
+	changed  chan struct{} // closed on the next change; nil if nobody waits
+	produced [][]string    // per queue, per offset: the body sent
+	groups   map[string]*groupTrack
+	// violations since the last take, and counts over the whole run.
+	viol      map[string][]string
+	total     map[string]int
+	dlqFailed map[string]bool // (group, queue, offset) whose dead-letter write was failed on purpose
+	crashes   []string
+	bgErrs    []string
+	bgCount   int
+}
+
+func newTracker(queues int, groups map[string]bool) *tracker {
+	tr := &tracker{
+		produced:  make([][]string, queues),
+		groups:    map[string]*groupTrack{},
+		viol:      map[string][]string{},
+		total:     map[string]int{},
+		dlqFailed: map[string]bool{},
+	}
+	for name, ordered := range groups {
+		g := &groupTrack{name: name, ordered: ordered}
+		for range queues {
+			g.queues = append(g.queues, &queueTrack{inside: map[*call]struct{}{}, cursor: -1})
+		}
+		tr.groups[name] = g
+	}
+	return tr
+}
+
+// violateLocked records a breach of an invariant. tr.mu held.
+func (tr *tracker) violateLocked(kind, format string, args ...any) {
+	tr.total[kind]++
+	if len(tr.viol[kind]) < 8 {
+		tr.viol[kind] = append(tr.viol[kind], fmt.Sprintf(format, args...))
+	}
+}
+
+func (tr *tracker) violate(kind, format string, args ...any) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.violateLocked(kind, format, args...)
+}
+
+// notifyLocked wakes the waiters of wait. tr.mu held.
+func (tr *tracker) notifyLocked() {
+	if tr.changed != nil {
+		close(tr.changed)
+		tr.changed = nil
+	}
+}
+
+// changes returns a channel closed at the next change.
+func (tr *tracker) changes() <-chan struct{} {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.changed == nil {
+		tr.changed = make(chan struct{})
+	}
+	return tr.changed
+}
+
+// produce records what SendBatch wrote.
+func (tr *tracker) produce(bodies []string, res []ferry.SendResult) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for i, r := range res {
+		q := r.Queue.Queue
+		if want := int64(len(tr.produced[q])); r.Offset != want {
+			tr.violateLocked(violProduce, "queue %d: %s written at offset %d, want the next offset %d", q, bodies[i], r.Offset, want)
+			for int64(len(tr.produced[q])) < r.Offset {
+				tr.produced[q] = append(tr.produced[q], "")
+			}
+		}
+		if r.Offset == int64(len(tr.produced[q])) {
+			tr.produced[q] = append(tr.produced[q], bodies[i])
+		}
+	}
+	tr.notifyLocked()
+}
+
+// next returns how many offsets of queue q were produced.
+func (tr *tracker) next(q int) int64 {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return int64(len(tr.produced[q]))
+}
+
+// enter records that member starts handling (queue, off) for group and
+// checks the instant invariants. done is the handler context's Done (nil
+// for a pull member).
+func (tr *tracker) enter(group, member string, queue int, off int64, body string, attempt int, done <-chan struct{}) *call {
+	c := &call{group: group, member: member, queue: queue, offset: off, attempt: attempt, done: done}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	g := tr.groups[group]
+	qt := g.queues[queue]
+	r := qt.rec(off)
+	switch {
+	case r.body == "":
+		r.body = body
+	case r.body != body:
+		tr.violateLocked(violIntegrity, "group %s queue %d offset %d: member %s got body %q, earlier %q", group, queue, off, member, body, r.body)
+	}
+	stale := ""
+	if c.givenUp() {
+		stale = " (the entering call is stale, see stale-call)"
+		tr.violateLocked(violStale, "group %s queue %d offset %d attempt %d: member %s called the handler with its context already cancelled (the queue was given up after a drain timeout; no call may start then)",
+			group, queue, off, attempt, member)
+	}
+	for o := range qt.inside {
+		if o.member != member && !o.givenUp() {
+			tr.violateLocked(violOverlap, "group %s queue %d: member %s entered offset %d (attempt %d)%s while member %s is inside offset %d (attempt %d), which no drain timeout gave up; inside now: %v",
+				group, queue, member, off, attempt, stale, o.member, o.offset, o.attempt, insideList(qt))
+		}
+	}
+	if g.ordered && off > qt.prefix {
+		lo := qt.rec(qt.prefix)
+		tr.violateLocked(violOrder, "group %s queue %d: member %s entered offset %d (attempt %d) before offset %d finished (history of %d: %s); inside now: %v",
+			group, queue, member, off, attempt, qt.prefix, qt.prefix, strings.Join(lo.hist, ", "), insideList(qt))
+	}
+	r.note(fmt.Sprintf("%s#%d>", member, attempt))
+	qt.inside[c] = struct{}{}
+	return c
+}
+
+func insideList(qt *queueTrack) []string {
+	var out []string
+	for c := range qt.inside {
+		out = append(out, c.String())
+	}
+	sort.Strings(out)
+	return out
+}
+
+// exit records how a call ended.
+func (tr *tracker) exit(c *call, out outcome) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	qt := tr.groups[c.group].queues[c.queue]
+	delete(qt.inside, c)
+	r := qt.rec(c.offset)
+	switch out {
+	case outOK:
+		r.ok++
+	case outPermanent:
+		r.perm++
+	default:
+		r.fail++
+	}
+	tag := out.String()
+	if c.givenUp() {
+		tag += "(given up)"
+	}
+	r.note(fmt.Sprintf("%s#%d:%s", c.member, c.attempt, tag))
+	qt.advance()
+	tr.notifyLocked()
+}
+
+// abandonMember marks the calls member is inside as given up: the test
+// is closing the pull member without letting it commit them.
+func (tr *tracker) abandonMember(group, member string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, qt := range tr.groups[group].queues {
+		for c := range qt.inside {
+			if c.member == member {
+				c.abandoned = true
+			}
+		}
+	}
+}
+
+// busy returns how many calls member is inside.
+func (tr *tracker) busy(group, member string) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	n := 0
+	for _, qt := range tr.groups[group].queues {
+		for c := range qt.inside {
+			if c.member == member {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// deadLettered records a dead-letter write that went through.
+func (tr *tracker) deadLettered(group string, queue int, off int64) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	g := tr.groups[group]
+	if g == nil || queue < 0 || queue >= len(g.queues) {
+		tr.violateLocked(violDLQ, "dead letter for unknown group %q queue %d offset %d", group, queue, off)
+		return
+	}
+	qt := g.queues[queue]
+	r := qt.rec(off)
+	r.dlq++
+	r.note("dlq")
+	qt.advance()
+	tr.notifyLocked()
+}
+
+// failDeadLetter reports whether the dead-letter write of (group, queue,
+// off) fails on purpose: the first one does.
+func (tr *tracker) failDeadLetter(group string, queue int, off int64) bool {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	k := group + "/" + strconv.Itoa(queue) + "/" + strconv.FormatInt(off, 10)
+	if tr.dlqFailed[k] {
+		return false
+	}
+	tr.dlqFailed[k] = true
+	if g := tr.groups[group]; g != nil && queue >= 0 && queue < len(g.queues) {
+		g.queues[queue].rec(off).note("dlq-write-failed")
+	}
+	return true
+}
+
+// committed records a cursor commit that the store accepted; the caller
+// serializes commits per (group, queue).
+func (tr *tracker) committed(group string, queue int, off int64) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	g := tr.groups[group]
+	if g == nil {
+		return
+	}
+	qt := g.queues[queue]
+	if off < qt.cursor {
+		tr.violateLocked(violCursor, "group %s queue %d: cursor committed at %d after %d (no reset reported)", group, queue, off, qt.cursor)
+	}
+	qt.cursor = off
+	tr.notifyLocked()
+}
+
+func (tr *tracker) reset(group string, q ferry.QueueID, from, to int64) {
+	tr.violate(violReset, "group %s queue %d: cursor reset from %d to %d (none expected with default retention)", group, q.Queue, from, to)
+}
+
+// settled reports whether every produced offset is finished and every
+// cursor is at its queue's end, for every group; if not, what is missing
+// first.
+func (tr *tracker) settled() (bool, string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, name := range slices.Sorted(mapKeysOf(tr.groups)) {
+		g := tr.groups[name]
+		for q, qt := range g.queues {
+			next := int64(len(tr.produced[q]))
+			if qt.prefix < next {
+				return false, fmt.Sprintf("group %s queue %d: offset %d of %d not finished", name, q, qt.prefix, next)
+			}
+			if qt.cursor != next {
+				return false, fmt.Sprintf("group %s queue %d: cursor %d, want %d", name, q, qt.cursor, next)
+			}
+		}
+	}
+	return true, ""
+}
+
+// cursor returns the last committed cursor of (group, queue).
+func (tr *tracker) cursor(group string, queue int) int64 {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.groups[group].queues[queue].cursor
+}
+
+// dlqRead records a message read back from the dead-letter topic.
+func (tr *tracker) dlqRead(m *ferry.EnhancedMessage) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	group := m.Headers[ferry.HeaderGroup]
+	q, err1 := strconv.Atoi(m.Headers[ferry.HeaderOriginQueue])
+	off, err2 := strconv.ParseInt(m.Headers[ferry.HeaderOriginOffset], 10, 64)
+	g := tr.groups[group]
+	if err1 != nil || err2 != nil || g == nil || q < 0 || q >= len(g.queues) || m.Headers[ferry.HeaderOriginTopic] != churnTopic {
+		tr.violateLocked(violDLQ, "dead letter %s offset %d has bad origin headers %v", m.Topic, m.Offset, m.Headers)
+		return
+	}
+	r := g.queues[q].rec(off)
+	r.dlqRead = true
+	if p := tr.producedLocked(q, off); p != "" && string(m.Body) != p {
+		tr.violateLocked(violDLQ, "dead letter of group %s queue %d offset %d holds %q, produced %q", group, q, off, m.Body, p)
+	}
+}
+
+func (tr *tracker) producedLocked(q int, off int64) string {
+	if off < int64(len(tr.produced[q])) {
+		return tr.produced[q][off]
+	}
+	return ""
+}
+
+// checkEnd checks, once every group is settled and the dead-letter topics
+// were read back: no loss, Permanent failures dead-lettered, dead-letter
+// writes readable, handled bodies as produced.
+func (tr *tracker) checkEnd() {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, name := range slices.Sorted(mapKeysOf(tr.groups)) {
+		g := tr.groups[name]
+		for q, qt := range g.queues {
+			for off, r := range qt.recs {
+				p := tr.producedLocked(q, int64(off))
+				if int64(off) >= int64(len(tr.produced[q])) {
+					tr.violateLocked(violIntegrity, "group %s queue %d: offset %d handled, only %d produced", name, q, off, len(tr.produced[q]))
+					continue
+				}
+				if r.body != "" && r.body != p {
+					tr.violateLocked(violIntegrity, "group %s queue %d offset %d: handled body %q, produced %q", name, q, off, r.body, p)
+				}
+				if r.ok == 0 && !r.dlqRead {
+					tr.violateLocked(violLoss, "group %s queue %d offset %d (%s): neither handled successfully nor in the dead-letter topic (history: %s)",
+						name, q, off, p, strings.Join(r.hist, ", "))
+				}
+				// A push handler fails a permanent message on every
+				// delivery, but in group "conc" a pull member may get it
+				// next (after a failed dead-letter write left it
+				// unfinished) and finish it: a pull consumer has no
+				// failure path. Then no dead letter is owed.
+				if r.perm > 0 && r.ok == 0 && !r.dlqRead {
+					tr.violateLocked(violPermanent, "group %s queue %d offset %d (%s): the handler returned Permanent %d times, not in the dead-letter topic (history: %s)",
+						name, q, off, p, r.perm, strings.Join(r.hist, ", "))
+				}
+				if r.dlq > 0 && !r.dlqRead {
+					tr.violateLocked(violDLQ, "group %s queue %d offset %d: dead-letter write went through, not read back", name, q, off)
+				}
+			}
+		}
+	}
+}
+
+// take returns the violations since the last take, formatted, and how
+// many there were.
+func (tr *tracker) take() (string, int) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var b strings.Builder
+	n := 0
+	for _, k := range violKinds {
+		for _, s := range tr.viol[k] {
+			fmt.Fprintf(&b, "  [%s] %s\n", k, s)
+			n++
+		}
+	}
+	clear(tr.viol)
+	return b.String(), n
+}
+
+// summary returns the violation counts of the whole run.
+func (tr *tracker) summary() string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var parts []string
+	for _, k := range violKinds {
+		if n := tr.total[k]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", k, n))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, " ")
+}
+
+func (tr *tracker) crashed(s string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.crashes = append(tr.crashes, s)
+}
+
+func (tr *tracker) background(s string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.bgCount++
+	if len(tr.bgErrs) >= 12 {
+		tr.bgErrs = tr.bgErrs[1:]
+	}
+	tr.bgErrs = append(tr.bgErrs, s)
+}
+
+// dump describes the state of every (group, queue) for a watchdog report.
+func (tr *tracker) dump() string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var b strings.Builder
+	for _, name := range slices.Sorted(mapKeysOf(tr.groups)) {
+		g := tr.groups[name]
+		for q, qt := range g.queues {
+			next := int64(len(tr.produced[q]))
+			fmt.Fprintf(&b, "  group %s queue %d: produced %d, finished prefix %d, cursor %d, inside %v\n",
+				name, q, next, qt.prefix, qt.cursor, insideList(qt))
+			shown := 0
+			for off := qt.prefix; off < next && shown < 4; off++ {
+				r := qt.rec(off)
+				if r.finished() {
+					continue
+				}
+				shown++
+				fmt.Fprintf(&b, "    unfinished offset %d (%s): ok=%d perm=%d fail=%d dlq=%d history: %s\n",
+					off, tr.produced[q][off], r.ok, r.perm, r.fail, r.dlq, strings.Join(r.hist, ", "))
+			}
+		}
+	}
+	fmt.Fprintf(&b, "  crash-closes: %d, last: %v\n", len(tr.crashes), tr.crashes[max(0, len(tr.crashes)-4):])
+	fmt.Fprintf(&b, "  background errors: %d, last: %s\n", tr.bgCount, strings.Join(tr.bgErrs, " | "))
+	return b.String()
+}
+
+func mapKeysOf[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// trackedCursors is a CursorStore that tells the tracker every commit the
+// store accepted. Commits of one (group, queue) are serialized across the
+// delegate call, so the order the tracker sees is the store's.
+type trackedCursors struct {
+	ferry.CursorStore
+	tr *tracker
+
+	mu    sync.Mutex // guards locks
+	locks map[string]*sync.Mutex
+}
+
+func newTrackedCursors(s ferry.CursorStore, tr *tracker) *trackedCursors {
+	return &trackedCursors{CursorStore: s, tr: tr, locks: map[string]*sync.Mutex{}}
+}
+
+func (c *trackedCursors) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	c.mu.Lock()
+	k := topic + "/" + group + "/" + strconv.Itoa(queue)
+	l := c.locks[k]
+	if l == nil {
+		l = &sync.Mutex{}
+		c.locks[k] = l
+	}
+	c.mu.Unlock()
+	l.Lock()
+	defer l.Unlock()
+	if err := c.CursorStore.Commit(ctx, topic, group, queue, offset); err != nil {
+		return err
+	}
+	if topic == churnTopic {
+		c.tr.committed(group, queue, offset)
+	}
+	return nil
+}
+
+// trackedStorage is a Storage whose dead-letter queues tell the tracker
+// every write that went through, and fail the first write of the
+// messages whose fate says so.
+type trackedStorage struct {
+	ferry.Storage
+	tr     *tracker
+	failOf func(body []byte) bool
+}
+
+func (s *trackedStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	q, err := s.Storage.OpenQueue(ctx, meta, queue)
+	if err != nil || !strings.HasPrefix(meta.Name, "%DLQ%") {
+		return q, err
+	}
+	return &deadLetterQueue{Queue: q, s: s}, nil
+}
+
+type deadLetterQueue struct {
+	ferry.Queue
+	s *trackedStorage
+}
+
+var errInjectedDeadLetter = errors.New("churn: injected dead-letter write failure")
+
+func (q *deadLetterQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	type origin struct {
+		group string
+		queue int
+		off   int64
+	}
+	origins := make([]origin, len(msgs))
+	for i, m := range msgs {
+		qq, _ := strconv.Atoi(m.Headers[ferry.HeaderOriginQueue])
+		off, _ := strconv.ParseInt(m.Headers[ferry.HeaderOriginOffset], 10, 64)
+		origins[i] = origin{m.Headers[ferry.HeaderGroup], qq, off}
+		if q.s.failOf(m.Body) && q.s.tr.failDeadLetter(origins[i].group, qq, off) {
+			return 0, errInjectedDeadLetter
+		}
+	}
+	first, err := q.Queue.Write(ctx, msgs)
+	if err == nil {
+		for _, o := range origins {
+			q.s.tr.deadLettered(o.group, o.queue, o.off)
+		}
+	}
+	return first, err
+}
+
+// trackLog is a slog handler that hands the consumers' background errors
+// to the tracker, for the watchdog dumps.
+type trackLog struct{ tr *tracker }
+
+func (h trackLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h trackLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Level < slog.LevelError && !strings.Contains(r.Message, "drain timeout") {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key != "stack" {
+			fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		}
+		return true
+	})
+	h.tr.background(b.String())
+	return nil
+}
+func (h trackLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h trackLog) WithGroup(string) slog.Handler      { return h }
