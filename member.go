@@ -216,19 +216,21 @@ func (m *groupMember) assigned() []QueueID {
 	return out
 }
 
-// report logs err and hands it to the WithOnError function; while the
-// member closes, Close returns it too.
+// report logs err and hands it to the WithOnError function.
 func (m *groupMember) report(err error) {
-	if m.closing() {
-		m.mu.Lock()
-		if !slices.ContainsFunc(m.closeErrs, func(e error) bool { return e.Error() == err.Error() }) {
-			m.closeErrs = append(m.closeErrs, err)
-		}
-		m.mu.Unlock()
-	}
 	m.b.log.Error("ferry: consumer", "group", m.group, "member", m.cfg.memberID, "err", err)
 	if m.cfg.onError != nil {
 		m.cfg.onError(err)
+	}
+}
+
+// closeFailed records err, a failure of closing (a final commit), for
+// Close to return; the same failure twice is kept once.
+func (m *groupMember) closeFailed(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !slices.ContainsFunc(m.closeErrs, func(e error) bool { return e.Error() == err.Error() }) {
+		m.closeErrs = append(m.closeErrs, err)
 	}
 }
 

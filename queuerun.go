@@ -266,6 +266,9 @@ func (r *queueRun) release() {
 	}
 	if err := r.commit(true); err != nil {
 		m.report(err)
+		if m.closing() {
+			m.closeFailed(err)
+		}
 	}
 	r.owned.Store(false)
 }
