@@ -38,7 +38,13 @@ import (
 //     cancelled by a drain timeout while it ran, or the test crash-closed
 //     the pull member holding it);
 //   - stale-call: no handler call starts with its context already
-//     cancelled (the queue was given up: work must not start then);
+//     cancelled (the queue was given up: work must not start then). A
+//     worker admits each call by checking that the queue was not given
+//     up, and the give-up can land between that check and the handler's
+//     first instruction, so each worker of the member may show one such
+//     call per queue given up; a second one of the same (member, queue)
+//     beyond the member's worker count is the defect (the rest of a
+//     batch handled after the give-up);
 //   - order (group "ord"): no offset is entered before every lower offset
 //     of its queue finished (handled, or dead-lettered); calls of the same
 //     offset again are fine. No drain-timeout excuse is needed here: the
@@ -414,7 +420,9 @@ func (c *churn) join(group string, pull, fragile bool) {
 		ferry.WithOnReset(func(q ferry.QueueID, from, to int64) { c.tr.reset(group, q, from, to) }),
 	}
 	if !pull {
-		opts = append(opts, ferry.WithConcurrency(1+c.rng.IntN(4)),
+		workers := 1 + c.rng.IntN(4)
+		c.tr.setWorkers(id, workers)
+		opts = append(opts, ferry.WithConcurrency(workers),
 			ferry.WithRetry(4, 200*time.Microsecond), ferry.WithMaxRetryBackoff(time.Millisecond))
 		if churnGroups[group] {
 			opts = append(opts, ferry.Ordered())

@@ -155,6 +155,15 @@ type tracker struct {
 	crashes   []string
 	bgErrs    []string
 	bgCount   int
+	workers   map[string]int // push member -> its worker count
+	stale     map[string]int // "member/queue" -> stale calls seen
+}
+
+// setWorkers records how many workers a push member runs.
+func (tr *tracker) setWorkers(member string, n int) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.workers[member] = n
 }
 
 func newTracker(queues int, groups map[string]bool) *tracker {
@@ -164,6 +173,8 @@ func newTracker(queues int, groups map[string]bool) *tracker {
 		viol:      map[string][]string{},
 		total:     map[string]int{},
 		dlqFailed: map[string]bool{},
+		workers:   map[string]int{},
+		stale:     map[string]int{},
 	}
 	for name, ordered := range groups {
 		g := &groupTrack{name: name, ordered: ordered}
@@ -252,6 +263,10 @@ func (tr *tracker) enter(group, member string, queue int, off int64, body string
 	stale := ""
 	if c.givenUp() {
 		stale = " (the entering call is stale, see stale-call)"
+		k := member + "/" + strconv.Itoa(queue)
+		tr.stale[k]++
+	}
+	if c.givenUp() && tr.stale[member+"/"+strconv.Itoa(queue)] > max(1, tr.workers[member]) {
 		tr.violateLocked(violStale, "group %s queue %d offset %d attempt %d: member %s called the handler with its context already cancelled (the queue was given up after a drain timeout; no call may start then)",
 			group, queue, off, attempt, member)
 	}
