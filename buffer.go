@@ -98,9 +98,10 @@ type BufferStats struct {
 
 // bufEntry is one unfinished message; m is nil once it is done.
 type bufEntry struct {
-	m      *EnhancedMessage
-	offset int64
-	size   int64
+	m         *EnhancedMessage
+	offset    int64
+	size      int64
+	abandoned bool // taken, then given up: no longer in flight
 }
 
 // Buffer is a per-queue cache between fetching and handling: a fetcher
@@ -247,12 +248,12 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 		b.bytes += size
 		b.next = m.Offset + 1
 		n++
+		b.peakMsgs = max(b.peakMsgs, b.count)
+		b.peakB = max(b.peakB, b.bytes)
 		if b.count >= b.highMsgs || b.bytes >= b.highBytes {
 			b.full = true
 		}
 	}
-	b.peakMsgs = max(b.peakMsgs, b.count)
-	b.peakB = max(b.peakB, b.bytes)
 	return n, nil
 }
 
@@ -390,10 +391,13 @@ func (b *Buffer) Done(msgs ...*EnhancedMessage) int64 {
 		if i < 0 || i >= b.taken || b.entries[i].m != m {
 			continue
 		}
-		b.entries[i].m = nil
+		e := &b.entries[i]
+		if !e.abandoned {
+			b.inflight--
+		}
+		e.m = nil
 		b.count--
-		b.bytes -= b.entries[i].size
-		b.inflight--
+		b.bytes -= e.size
 	}
 	for b.head < len(b.entries) && b.entries[b.head].m == nil {
 		b.head++
@@ -540,7 +544,8 @@ func (b *Buffer) signalDrained() {
 
 // abandon gives up on taken messages without finishing them: they stop
 // counting as in flight (so a drain does not wait for them) but stay
-// unfinished, holding the committable offset below them.
+// unfinished, holding the committable offset below them. Abandoning a
+// message twice is a no-op; a later Done still finishes it.
 func (b *Buffer) abandon(msgs ...*EnhancedMessage) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -548,7 +553,8 @@ func (b *Buffer) abandon(msgs ...*EnhancedMessage) {
 		if m == nil {
 			continue
 		}
-		if i := b.findLocked(m.Offset); i >= 0 && i < b.taken && b.entries[i].m == m {
+		if i := b.findLocked(m.Offset); i >= 0 && i < b.taken && b.entries[i].m == m && !b.entries[i].abandoned {
+			b.entries[i].abandoned = true
 			b.inflight--
 		}
 	}

@@ -325,3 +325,15 @@ func requireStillWaiting(t *testing.T, put <-chan putResult) {
 	case <-time.After(20 * time.Millisecond):
 	}
 }
+
+func TestBufferPeaksCountAPutThatStopsAtABadMessage(t *testing.T) {
+	b, err := ferry.NewBuffer(ferry.BufferConfig{})
+	require.NoError(t, err)
+	msgs := msgsAt(0, 2, 10)
+	n, err := b.Put(context.Background(), []*ferry.EnhancedMessage{msgs[0], msgs[1], nil})
+	require.ErrorIs(t, err, ferry.ErrInvalidMessage)
+	require.Equal(t, 2, n)
+	st := b.Stats()
+	assert.Equal(t, 2, st.PeakMessages)
+	assert.Equal(t, int64(20), st.PeakBytes)
+}
