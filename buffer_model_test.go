@@ -299,6 +299,8 @@ func (mr *modelRun) size() int {
 	switch mr.r.IntN(10) {
 	case 0:
 		return 0
+	case 2, 3:
+		return 1 // so the bytes land exactly on a watermark
 	case 1:
 		return bound + mr.r.IntN(2*bound+1) // larger than the buffer
 	default:
@@ -596,15 +598,28 @@ func randomConfig(r *rand.Rand, bulk bool) BufferConfig {
 			MaxSpan:       1500 + r.Int64N(3000),
 		}
 	}
+	if r.IntN(6) == 0 {
+		// Both byte watermarks round down to k bytes.
+		maxBytes := 2 + r.Int64N(60)
+		k := 1 + r.Int64N(maxBytes-1)
+		return BufferConfig{
+			MaxMessages:   1 + r.IntN(40),
+			MaxBytes:      maxBytes,
+			HighWatermark: (float64(k) + 0.6) / float64(maxBytes),
+			LowWatermark:  (float64(k) + 0.3) / float64(maxBytes),
+			MaxSpan:       1 + r.Int64N(40),
+		}
+	}
 	high := 0.05 + 0.95*r.Float64()
 	if r.IntN(4) == 0 {
 		high = 1
 	}
+	low := high * r.Float64()
 	return BufferConfig{
 		MaxMessages:   1 + r.IntN(12),
 		MaxBytes:      1 + r.Int64N(200),
 		HighWatermark: high,
-		LowWatermark:  high * r.Float64(),
+		LowWatermark:  low,
 		MaxSpan:       1 + r.Int64N(16),
 	}
 }
