@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Every allocator but broadcast runs the conformance suite.
+// Every allocator runs the conformance suite.
 
 func TestAllocateAveragelyConformance(t *testing.T) {
 	ferrytest.TestAllocator(t, func(t *testing.T) ferry.Allocator { return ferry.AllocateAveragely() })
