@@ -108,11 +108,12 @@ type bufEntry struct {
 // [Buffer.Put]s messages in offset order, handlers [Buffer.Take] them and
 // mark them [Buffer.Done] in any order. It gives flow control (Put waits
 // while the buffer is paused: it pauses when it reaches its high watermark
-// or its max span and resumes once it falls to its low watermark; the wait
-// is signalled, never polled), the offset to commit ([Buffer.Committable]:
-// the smallest unfinished offset, or the next fetched offset when nothing
-// is unfinished), and the lock ordered consumption holds while handling
-// ([Buffer.Lock]).
+// and resumes once it falls to its low watermark, and it waits as long as
+// the next message would take it over the high watermark or the max span,
+// unless it holds nothing; the wait is signalled, never polled), the
+// offset to commit ([Buffer.Committable]: the smallest unfinished offset,
+// or the next fetched offset when nothing is unfinished), and the lock
+// ordered consumption holds while handling ([Buffer.Lock]).
 //
 // A Buffer is safe for concurrent use. It starts no goroutine.
 type Buffer struct {
@@ -190,15 +191,16 @@ func (b *Buffer) Reset(next int64) {
 // oldest unfinished one. Reaching the high watermark, or leaving a message
 // out for it, pauses the buffer until it falls to its low watermark.
 //
-// Put waits, signalled by [Buffer.Done], [Buffer.Reset] and [Buffer.Close],
-// until it can take msgs[0]; then it takes messages in order while they
-// can be taken. So with msgs not empty it returns at least 1 and a nil
-// error, or else 0 and an error: ctx's error when ctx is done first,
-// [ErrClosed] once the buffer is closed, [ErrInvalidMessage] for a nil
-// message and [ErrOffsetOutOfRange] for one at an offset below the next
-// fetched offset. Those two errors, for a later message, come back with
-// the count of the messages before it, which stay taken. Empty msgs
-// returns 0 and a nil error at once. The buffer keeps the pointers.
+// Put waits, signalled by [Buffer.Done], [Buffer.Reset], [Buffer.Advance]
+// and [Buffer.Close], never polling, until it can take msgs[0]; then it
+// takes messages in order while they can be taken. So with msgs not empty
+// it returns at least 1 and a nil error, or else 0 and an error: ctx's
+// error when ctx is done first, [ErrClosed] once the buffer is closed,
+// [ErrInvalidMessage] for a nil message and [ErrOffsetOutOfRange] for one
+// at an offset below the next fetched offset. Those two errors, for a
+// later message, come back with the count of the messages before it,
+// which stay taken. Empty msgs returns 0 and a nil error at once. The
+// buffer keeps the pointers.
 func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
