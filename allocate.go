@@ -239,15 +239,3 @@ func AllocateByConfig(queues ...QueueID) Allocator {
 		return out
 	})
 }
-
-// AllocateBroadcast returns the allocator of broadcast consumption: every
-// member gets every queue. It breaks the one-owner rule by design; a
-// consumer in Broadcast mode uses it, keeping a cursor per member.
-func AllocateBroadcast() Allocator {
-	return AllocatorFunc(func(_, self string, queues []QueueID, members []string) []QueueID {
-		if memberIndex(self, members) < 0 || len(queues) == 0 {
-			return nil
-		}
-		return slices.Clone(queues)
-	})
-}

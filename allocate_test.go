@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Every allocator but broadcast runs the conformance suite.
+// Every allocator runs the conformance suite.
 
 func TestAllocateAveragelyConformance(t *testing.T) {
 	ferrytest.TestAllocator(t, func(t *testing.T) ferry.Allocator { return ferry.AllocateAveragely() })
@@ -151,26 +151,6 @@ func TestAllocateByConfig(t *testing.T) {
 	assert.Equal(t, want, a.Allocate("g", ms[0], qs, ms), "the caller owns the result")
 }
 
-func TestAllocateBroadcast(t *testing.T) {
-	a := ferry.AllocateBroadcast()
-	for nq := 0; nq <= 16; nq++ {
-		for nm := 1; nm <= 5; nm++ {
-			qs, ms := queues("orders", nq), members(nm)
-			for _, m := range ms {
-				got := a.Allocate("g", m, qs, ms)
-				require.Len(t, got, nq)
-				if nq > 0 {
-					require.Equal(t, qs, got)
-					got[0].Queue = -1
-					require.Equal(t, 0, qs[0].Queue, "the result must not alias the input")
-				}
-			}
-			assert.Empty(t, a.Allocate("g", "stranger", qs, ms))
-		}
-	}
-	assert.Empty(t, a.Allocate("g", "m", queues("orders", 3), nil))
-}
-
 // TestAllocatorsReturnNilWhenNothingIsOwned: no queues, no members or a
 // self that is not a member give nil, from every allocator.
 func TestAllocatorsReturnNilWhenNothingIsOwned(t *testing.T) {
@@ -179,7 +159,6 @@ func TestAllocatorsReturnNilWhenNothingIsOwned(t *testing.T) {
 		"circle":          ferry.AllocateAveragelyByCircle(),
 		"consistent hash": ferry.AllocateConsistentHash(0),
 		"config":          ferry.AllocateByConfig(queues("orders", 4)...),
-		"broadcast":       ferry.AllocateBroadcast(),
 	} {
 		qs, ms := queues("orders", 4), members(3)
 		assert.Nil(t, a.Allocate("g", "stranger", qs, ms), "%s: self not a member", name)

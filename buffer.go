@@ -25,10 +25,13 @@ type BufferConfig struct {
 	MaxBytes int64
 	// HighWatermark, a fraction of the capacity in (0, 1], is where Put
 	// stops taking messages and fetching pauses. Default
-	// [DefaultHighWatermark].
+	// [DefaultHighWatermark]. It rounds down to whole messages and bytes,
+	// but to at least one of each.
 	HighWatermark float64
 	// LowWatermark, a fraction of the capacity in [0, HighWatermark), is
 	// where a paused buffer lets Put resume. Default [DefaultLowWatermark].
+	// It rounds down to whole messages and bytes, and to below the rounded
+	// high watermark.
 	LowWatermark float64
 	// MaxSpan bounds the distance between the oldest unfinished offset and
 	// the newest buffered one: Put takes no message at or beyond oldest
@@ -85,7 +88,9 @@ type BufferStats struct {
 	// since the buffer was made or last Reset.
 	PeakMessages int
 	PeakBytes    int64
-	// Paused reports whether Put would wait now.
+	// Paused reports whether Put would wait now: for the message Put
+	// last waited for or left out, while that is still to be put, else for
+	// an empty message at the next fetched offset.
 	Paused bool
 	// Committable is [Buffer.Committable].
 	Committable int64
@@ -93,20 +98,22 @@ type BufferStats struct {
 
 // bufEntry is one unfinished message; m is nil once it is done.
 type bufEntry struct {
-	m      *EnhancedMessage
-	offset int64
-	size   int64
+	m         *EnhancedMessage
+	offset    int64
+	size      int64
+	abandoned bool // taken, then given up: no longer in flight
 }
 
 // Buffer is a per-queue cache between fetching and handling: a fetcher
 // [Buffer.Put]s messages in offset order, handlers [Buffer.Take] them and
 // mark them [Buffer.Done] in any order. It gives flow control (Put waits
 // while the buffer is paused: it pauses when it reaches its high watermark
-// or its max span and resumes once it falls to its low watermark; the wait
-// is signalled, never polled), the offset to commit ([Buffer.Committable]:
-// the smallest unfinished offset, or the next fetched offset when nothing
-// is unfinished), and the lock ordered consumption holds while handling
-// ([Buffer.Lock]).
+// and resumes once it falls to its low watermark, and it waits as long as
+// the next message would take it over the high watermark or the max span,
+// unless it holds nothing; the wait is signalled, never polled), the
+// offset to commit ([Buffer.Committable]: the smallest unfinished offset,
+// or the next fetched offset when nothing is unfinished), and the lock
+// ordered consumption holds while handling ([Buffer.Lock]).
 //
 // A Buffer is safe for concurrent use. It starts no goroutine.
 type Buffer struct {
@@ -126,7 +133,8 @@ type Buffer struct {
 	bytes    int64      // Size of unfinished entries
 	inflight int        // taken and not done
 	next     int64      // next offset to fetch
-	want     int64      // offset of a message Put left out for the span
+	want     int64      // offset of the message Put last waited for or left out
+	wantSize int64      // its Size; want and wantSize count only while want >= next
 	full     bool       // paused by the high watermark until the low one
 	room     chan struct{}
 	drained  chan struct{}
@@ -148,9 +156,9 @@ func NewBuffer(cfg BufferConfig) (*Buffer, error) {
 func newBuffer(cfg BufferConfig) *Buffer {
 	b := &Buffer{cfg: cfg, consume: make(chan struct{}, 1)}
 	b.highMsgs = max(1, int(float64(cfg.MaxMessages)*cfg.HighWatermark))
-	b.lowMsgs = int(float64(cfg.MaxMessages) * cfg.LowWatermark)
+	b.lowMsgs = min(int(float64(cfg.MaxMessages)*cfg.LowWatermark), b.highMsgs-1)
 	b.highBytes = max(1, int64(float64(cfg.MaxBytes)*cfg.HighWatermark))
-	b.lowBytes = int64(float64(cfg.MaxBytes) * cfg.LowWatermark)
+	b.lowBytes = min(int64(float64(cfg.MaxBytes)*cfg.LowWatermark), b.highBytes-1)
 	return b
 }
 
@@ -165,7 +173,7 @@ func (b *Buffer) Reset(next int64) {
 	clear(b.entries)
 	b.entries, b.head, b.taken = b.entries[:0], 0, 0
 	b.count, b.bytes, b.inflight = 0, 0, 0
-	b.next, b.want = next, 0
+	b.next, b.want, b.wantSize = next, 0, 0
 	b.full = false
 	b.peakMsgs, b.peakB = 0, 0
 	b.signalRoom()
@@ -174,13 +182,25 @@ func (b *Buffer) Reset(next int64) {
 
 // Put appends msgs, which must continue the offsets put so far in
 // increasing order, and returns how many it took from the front of msgs.
-// It first waits while the buffer is paused, until ctx is done (ctx's
-// error) or the buffer is closed ([ErrClosed]). It takes messages while
-// they fit under the high watermark (an empty buffer takes at least one)
-// and within the max span; if it cannot take them all, the buffer pauses.
-// A message at an offset below the next fetched offset is
-// [ErrOffsetOutOfRange], and a nil message [ErrInvalidMessage]; the
-// messages before it stay taken. The buffer keeps the pointers.
+//
+// Put takes a message when the buffer holds nothing unfinished (so a
+// message larger than the whole buffer goes in, alone), or when the buffer
+// is not paused by its high watermark, the message keeps the unfinished
+// messages under the high watermark (in messages, and in bytes counting
+// its own [Message.Size]), and its offset is within the max span of the
+// oldest unfinished one. Reaching the high watermark, or leaving a message
+// out for it, pauses the buffer until it falls to its low watermark.
+//
+// Put waits, signalled by [Buffer.Done], [Buffer.Reset], [Buffer.Advance]
+// and [Buffer.Close], never polling, until it can take msgs[0]; then it
+// takes messages in order while they can be taken. So with msgs not empty
+// it returns at least 1 and a nil error, or else 0 and an error: ctx's
+// error when ctx is done first, [ErrClosed] once the buffer is closed,
+// [ErrInvalidMessage] for a nil message and [ErrOffsetOutOfRange] for one
+// at an offset below the next fetched offset. Those two errors, for a
+// later message, come back with the count of the messages before it,
+// which stay taken. Empty msgs returns 0 and a nil error at once. The
+// buffer keeps the pointers.
 func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
@@ -191,6 +211,11 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 			b.mu.Unlock()
 			return 0, fmt.Errorf("ferry: buffer put: %w", ErrClosed)
 		}
+		if err := b.checkLocked(0, msgs[0]); err != nil {
+			b.mu.Unlock()
+			return 0, err
+		}
+		b.want, b.wantSize = msgs[0].Offset, int64(msgs[0].Size())
 		if !b.pausedLocked() {
 			break
 		}
@@ -209,19 +234,15 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 	defer b.mu.Unlock()
 	n := 0
 	for i, m := range msgs {
-		if m == nil {
-			return n, fmt.Errorf("ferry: buffer put: message %d: %w: nil", i, ErrInvalidMessage)
+		if err := b.checkLocked(i, m); err != nil {
+			return n, err
 		}
 		size := int64(m.Size())
-		if m.Offset < b.next {
-			return n, fmt.Errorf("ferry: buffer put: %w: offset %d after %d", ErrOffsetOutOfRange, m.Offset, b.next-1)
-		}
-		if b.count > 0 && m.Offset-b.oldestLocked() >= b.cfg.MaxSpan {
-			b.want = m.Offset // wait for the span, not for the low watermark
-			break
-		}
-		if b.count > 0 && (b.count >= b.highMsgs || b.bytes+size > b.highBytes) {
-			b.full = true
+		if !b.fitsLocked(m.Offset, size) {
+			b.want, b.wantSize = m.Offset, size
+			if b.count >= b.highMsgs || b.bytes+size > b.highBytes {
+				b.full = true // left out for the watermark, not the span
+			}
 			break
 		}
 		b.entries = append(b.entries, bufEntry{m: m, offset: m.Offset, size: size})
@@ -229,13 +250,24 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 		b.bytes += size
 		b.next = m.Offset + 1
 		n++
+		b.peakMsgs = max(b.peakMsgs, b.count)
+		b.peakB = max(b.peakB, b.bytes)
+		if b.count >= b.highMsgs || b.bytes >= b.highBytes {
+			b.full = true
+		}
 	}
-	if b.count >= b.highMsgs || b.bytes >= b.highBytes {
-		b.full = true
-	}
-	b.peakMsgs = max(b.peakMsgs, b.count)
-	b.peakB = max(b.peakB, b.bytes)
 	return n, nil
+}
+
+// checkLocked checks msgs[i], m, for Put. b.mu held.
+func (b *Buffer) checkLocked(i int, m *EnhancedMessage) error {
+	if m == nil {
+		return fmt.Errorf("ferry: buffer put: message %d: %w: nil", i, ErrInvalidMessage)
+	}
+	if m.Offset < b.next {
+		return fmt.Errorf("ferry: buffer put: %w: offset %d after %d", ErrOffsetOutOfRange, m.Offset, b.next-1)
+	}
+	return nil
 }
 
 // Advance moves the next fetched offset forward to next, for messages the
@@ -252,6 +284,7 @@ func (b *Buffer) advance(next int64) bool {
 		return false
 	}
 	b.next = next
+	b.signalRoom() // a waiting Put's message may now be out of range
 	return b.head >= len(b.entries)
 }
 
@@ -270,21 +303,30 @@ func (b *Buffer) oldestLocked() int64 {
 	return b.next
 }
 
-// spanBlockedLocked reports whether the next message is out of span.
-func (b *Buffer) spanBlockedLocked() bool {
-	return b.count > 0 && max(b.next, b.want)-b.oldestLocked() >= b.cfg.MaxSpan
+// fitsLocked reports whether Put can take a message of size at offset
+// now. It clears full once the buffer is at its low watermark. b.mu held.
+func (b *Buffer) fitsLocked(offset, size int64) bool {
+	if b.count == 0 {
+		b.full = false
+		return true
+	}
+	if b.full {
+		if b.count > b.lowMsgs || b.bytes > b.lowBytes {
+			return false
+		}
+		b.full = false
+	}
+	return b.count < b.highMsgs && b.bytes+size <= b.highBytes &&
+		offset-b.oldestLocked() < b.cfg.MaxSpan
 }
 
-// pausedLocked reports whether Put must wait. b.mu held.
+// pausedLocked reports whether Put must wait for the message it waits for
+// or left out last, or, with none, for an empty message at next. b.mu held.
 func (b *Buffer) pausedLocked() bool {
-	if b.full {
-		if b.count <= b.lowMsgs && b.bytes <= b.lowBytes {
-			b.full = false
-		} else {
-			return true
-		}
+	if b.want >= b.next {
+		return !b.fitsLocked(b.want, b.wantSize)
 	}
-	return b.spanBlockedLocked()
+	return !b.fitsLocked(b.next, 0)
 }
 
 // Take moves up to len(dst) pending messages, oldest first, into dst and
@@ -351,10 +393,13 @@ func (b *Buffer) Done(msgs ...*EnhancedMessage) int64 {
 		if i < 0 || i >= b.taken || b.entries[i].m != m {
 			continue
 		}
-		b.entries[i].m = nil
+		e := &b.entries[i]
+		if !e.abandoned {
+			b.inflight--
+		}
+		e.m = nil
 		b.count--
-		b.bytes -= b.entries[i].size
-		b.inflight--
+		b.bytes -= e.size
 	}
 	for b.head < len(b.entries) && b.entries[b.head].m == nil {
 		b.head++
@@ -501,7 +546,8 @@ func (b *Buffer) signalDrained() {
 
 // abandon gives up on taken messages without finishing them: they stop
 // counting as in flight (so a drain does not wait for them) but stay
-// unfinished, holding the committable offset below them.
+// unfinished, holding the committable offset below them. Abandoning a
+// message twice is a no-op; a later Done still finishes it.
 func (b *Buffer) abandon(msgs ...*EnhancedMessage) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -509,7 +555,8 @@ func (b *Buffer) abandon(msgs ...*EnhancedMessage) {
 		if m == nil {
 			continue
 		}
-		if i := b.findLocked(m.Offset); i >= 0 && i < b.taken && b.entries[i].m == m {
+		if i := b.findLocked(m.Offset); i >= 0 && i < b.taken && b.entries[i].m == m && !b.entries[i].abandoned {
+			b.entries[i].abandoned = true
 			b.inflight--
 		}
 	}

@@ -3,6 +3,7 @@ package ferry_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/ferrymq/ferry"
 	"github.com/stretchr/testify/assert"
@@ -223,4 +224,116 @@ func TestBufferNilMessage(t *testing.T) {
 	require.Equal(t, 1, got)
 	assert.Equal(t, int64(0), b.Done(nil), "a nil message is ignored")
 	assert.Equal(t, int64(1), b.Done(nil, msgs[0]))
+}
+
+// A Put that cannot take its first message waits, signalled, until it can:
+// it never returns 0 with nothing paused (the fetch loop's spin).
+func TestBufferPutWaitsForRoomForALargeMessage(t *testing.T) {
+	const kib = 1 << 10
+	b, err := ferry.NewBuffer(ferry.BufferConfig{MaxMessages: 1000, MaxBytes: 1 << 20})
+	require.NoError(t, err)
+	small, large := msgsAt(0, 1, 100*kib)[0], msgsAt(1, 1, 1000*kib)[0]
+	n, err := b.Put(context.Background(), []*ferry.EnhancedMessage{small, large})
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the large message does not fit beside the small one")
+	assert.True(t, b.Stats().Paused, "under the low watermark, yet Put would wait for the large message")
+
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = b.Put(cancelled, []*ferry.EnhancedMessage{large})
+	require.ErrorIs(t, err, context.Canceled, "Put waits rather than return 0")
+
+	got := make([]*ferry.EnhancedMessage, 1)
+	k, _ := b.Take(got)
+	require.Equal(t, 1, k)
+	put := putAsync(b, large)
+	requireStillWaiting(t, put)
+	b.Done(small)
+	res := <-put
+	require.NoError(t, res.err)
+	assert.Equal(t, 1, res.n)
+
+	// A message larger than the whole buffer waits for an empty buffer,
+	// then goes in alone.
+	huge := msgsAt(2, 2, 2<<20)
+	k, _ = b.Take(got)
+	require.Equal(t, 1, k)
+	put = putAsync(b, huge...)
+	requireStillWaiting(t, put)
+	b.Done(large)
+	res = <-put
+	require.NoError(t, res.err)
+	assert.Equal(t, 1, res.n, "alone")
+	assert.True(t, b.Stats().Paused)
+}
+
+// Integer rounding can put the low watermark's count on the high one's:
+// Put must still wait, not return 0 with nothing paused.
+func TestBufferPutWaitsWhenWatermarksRoundTogether(t *testing.T) {
+	for name, cfg := range map[string]ferry.BufferConfig{
+		"messages": {MaxMessages: 10, HighWatermark: 0.55, LowWatermark: 0.51},
+		"bytes":    {MaxBytes: 10, HighWatermark: 0.55, LowWatermark: 0.51},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, err := ferry.NewBuffer(cfg)
+			require.NoError(t, err)
+			in := msgsAt(0, 10, 1)
+			n, err := b.Put(context.Background(), in)
+			require.NoError(t, err)
+			require.Equal(t, 5, n)
+			assert.True(t, b.Stats().Paused)
+			cancelled, cancel := context.WithCancel(context.Background())
+			cancel()
+			_, err = b.Put(cancelled, in[n:])
+			require.ErrorIs(t, err, context.Canceled, "Put waits rather than return 0")
+
+			got := make([]*ferry.EnhancedMessage, 10)
+			k, _ := b.Take(got)
+			require.Equal(t, 5, k)
+			put := putAsync(b, in[n:]...)
+			requireStillWaiting(t, put)
+			b.Done(got[0]) // 4 left: under both watermarks
+			res := <-put
+			require.NoError(t, res.err)
+			assert.Equal(t, 1, res.n, "refills to the high watermark")
+		})
+	}
+}
+
+type putResult struct {
+	n   int
+	err error
+}
+
+// putAsync runs b.Put of msgs in a goroutine and returns its result.
+func putAsync(b *ferry.Buffer, msgs ...*ferry.EnhancedMessage) <-chan putResult {
+	ch := make(chan putResult, 1)
+	go func() {
+		n, err := b.Put(context.Background(), msgs)
+		ch <- putResult{n, err}
+	}()
+	return ch
+}
+
+// requireStillWaiting fails if put has returned. The bound only gives a
+// wrong early return the chance to show: a correct Put never returns here.
+func requireStillWaiting(t *testing.T, put <-chan putResult) {
+	t.Helper()
+	select {
+	case res := <-put:
+		t.Fatalf("Put returned %d, %v without room", res.n, res.err)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+func TestBufferPeaksCountAPutThatStopsAtABadMessage(t *testing.T) {
+	b, err := ferry.NewBuffer(ferry.BufferConfig{})
+	require.NoError(t, err)
+	msgs := msgsAt(0, 2, 10)
+	n, err := b.Put(context.Background(), []*ferry.EnhancedMessage{msgs[0], msgs[1], nil})
+	require.ErrorIs(t, err, ferry.ErrInvalidMessage)
+	require.Equal(t, 2, n)
+	st := b.Stats()
+	assert.Equal(t, 2, st.PeakMessages)
+	assert.Equal(t, int64(20), st.PeakBytes)
 }
