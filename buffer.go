@@ -148,7 +148,7 @@ type Buffer struct {
 func NewBuffer(cfg BufferConfig) (*Buffer, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("ferry: new buffer: %w", err)
+		return nil, errorf("ferry: new buffer: %w", err)
 	}
 	return newBuffer(cfg), nil
 }
@@ -209,7 +209,7 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 	for {
 		if b.closed {
 			b.mu.Unlock()
-			return 0, fmt.Errorf("ferry: buffer put: %w", ErrClosed)
+			return 0, errorf("ferry: buffer put: %w", ErrClosed)
 		}
 		if err := b.checkLocked(0, msgs[0]); err != nil {
 			b.mu.Unlock()
@@ -227,7 +227,7 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 		select {
 		case <-room:
 		case <-ctx.Done():
-			return 0, fmt.Errorf("ferry: buffer put: %w", ctx.Err())
+			return 0, errorf("ferry: buffer put: %w", ctx.Err())
 		}
 		b.mu.Lock()
 	}
@@ -262,10 +262,10 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 // checkLocked checks msgs[i], m, for Put. b.mu held.
 func (b *Buffer) checkLocked(i int, m *EnhancedMessage) error {
 	if m == nil {
-		return fmt.Errorf("ferry: buffer put: message %d: %w: nil", i, ErrInvalidMessage)
+		return errorf("ferry: buffer put: message %d: %w: nil", i, ErrInvalidMessage)
 	}
 	if m.Offset < b.next {
-		return fmt.Errorf("ferry: buffer put: %w: offset %d after %d", ErrOffsetOutOfRange, m.Offset, b.next-1)
+		return errorf("ferry: buffer put: %w: offset %d after %d", ErrOffsetOutOfRange, m.Offset, b.next-1)
 	}
 	return nil
 }
