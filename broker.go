@@ -20,9 +20,11 @@ import (
 type Broker struct {
 	storage     Storage
 	cursors     CursorStore
+	coord       Coordinator
 	log         *slog.Logger
 	ownsStorage bool
 	ownsCursors bool
+	ownsCoord   bool
 
 	// topics is copy-on-write: Send reads it without a lock.
 	topics atomic.Pointer[map[string]*topicState]
@@ -46,6 +48,7 @@ type BrokerOption func(*brokerConfig)
 type brokerConfig struct {
 	storage Storage
 	cursors CursorStore
+	coord   Coordinator
 	log     *slog.Logger
 }
 
@@ -58,6 +61,15 @@ func WithStorage(s Storage) BrokerOption { return func(c *brokerConfig) { c.stor
 // [MemoryCursorStore], closed with the broker. A store passed here stays
 // the caller's to close, after the broker.
 func WithCursorStore(s CursorStore) BrokerOption { return func(c *brokerConfig) { c.cursors = s } }
+
+// WithCoordinator sets what keeps consumer group membership and queue
+// locks. Default: a new [MemoryCoordinator], closed with the broker, which
+// sees this broker's members only. Brokers that share a coordinator, a
+// [Storage] and a [CursorStore] (a [MemoryCoordinator] within a process, a
+// distributed one across processes) behave as one: a group's members in
+// any of them split the queues, one owner each. A coordinator passed here
+// stays the caller's to close, after the broker.
+func WithCoordinator(c Coordinator) BrokerOption { return func(cfg *brokerConfig) { cfg.coord = c } }
 
 // WithLogger sets the logger for events worth knowing (rebalances, cursor
 // resets, dead letters). Default: discard.
@@ -72,14 +84,17 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 			o(&c)
 		}
 	}
-	b := &Broker{storage: c.storage, cursors: c.cursors, log: c.log, clock: newCoarseClock()}
+	b := &Broker{storage: c.storage, cursors: c.cursors, coord: c.coord, log: c.log, clock: newCoarseClock()}
 	if b.storage == nil {
 		b.storage, b.ownsStorage = NewMemoryStorage(), true
 	}
 	if b.cursors == nil {
 		b.cursors, b.ownsCursors = NewMemoryCursorStore(), true
 	}
-	b.groups.init(b.cursors)
+	if b.coord == nil {
+		b.coord, b.ownsCoord = NewMemoryCoordinator(), true
+	}
+	b.groups.init(b.coord, b.cursors)
 	if b.log == nil {
 		b.log = slog.New(slog.DiscardHandler)
 	}
@@ -231,10 +246,7 @@ func (b *Broker) ForgetGroup(group, topic string) error {
 	if group == "" {
 		return errorf("ferry: forget group: %w: empty group", ErrInvalidOption)
 	}
-	live := func(scope string) bool {
-		return len(b.groups.coord.members(groupKey{scope: scope, topic: topic})) > 0
-	}
-	if err := b.groups.forget(t, group, live); err != nil {
+	if err := b.groups.forget(context.Background(), t, group); err != nil {
 		return errorf("ferry: forget group: %w", err)
 	}
 	return nil
@@ -265,6 +277,9 @@ func (b *Broker) Close() error {
 
 func (b *Broker) closeStores() error {
 	var errs []error
+	if b.ownsCoord {
+		errs = append(errs, b.coord.Close())
+	}
 	if b.ownsStorage {
 		errs = append(errs, b.storage.Close())
 	}

@@ -58,6 +58,21 @@ type CursorGroups interface {
 	Forget(ctx context.Context, topic, group string) error
 }
 
+// FencedCursorStore is an optional interface of a [CursorStore] whose
+// commits carry the fencing token of the queue lease they are made under
+// (see [Lease.Token]): a commit with a lower token than the last fenced
+// commit of the same (topic, group, queue) is refused with [ErrFenced]
+// and writes nothing, so a member that lost its lease (partitioned,
+// paused, expired) cannot move a cursor back after the next owner moved
+// it. A consumer commits through it when its store has it, and treats
+// ErrFenced as the loss of its lease. A plain Commit (an operator's
+// reset, say) leaves the token as it is. A store that wraps another
+// store with this interface (to count or delay commits, say) must wrap
+// CommitFenced too, or the consumer's commits bypass its Commit.
+type FencedCursorStore interface {
+	CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error
+}
+
 // ValidateCursorsArgs checks the arguments of [CursorGroups.Cursors]: a
 // valid topic name and a queue count in range. Errors wrap
 // [ErrInvalidTopic].
@@ -74,19 +89,26 @@ func ValidateCursorsArgs(topic string, queues int) error {
 // MemoryCursorStore is the in-memory [CursorStore], the default, with
 // [CursorGroups]. It is safe for concurrent use.
 type MemoryCursorStore struct {
-	mu      sync.Mutex                    // guards offsets and closed
+	mu      sync.Mutex                    // guards offsets, tokens and closed
 	offsets map[string]map[string][]int64 // topic -> group -> offset per queue, -1 where none
+	tokens  map[cursorKey]uint64          // the token of the last fenced commit
 	closed  bool
 }
 
+type cursorKey struct {
+	topic, group string
+	queue        int
+}
+
 var (
-	_ CursorStore  = (*MemoryCursorStore)(nil)
-	_ CursorGroups = (*MemoryCursorStore)(nil)
+	_ CursorStore       = (*MemoryCursorStore)(nil)
+	_ CursorGroups      = (*MemoryCursorStore)(nil)
+	_ FencedCursorStore = (*MemoryCursorStore)(nil)
 )
 
 // NewMemoryCursorStore returns an empty store.
 func NewMemoryCursorStore() *MemoryCursorStore {
-	return &MemoryCursorStore{offsets: map[string]map[string][]int64{}}
+	return &MemoryCursorStore{offsets: map[string]map[string][]int64{}, tokens: map[cursorKey]uint64{}}
 }
 
 // ValidateCursorArgs checks the arguments CursorStore implementations share:
@@ -131,6 +153,15 @@ func fillCursor(offs []int64, queues int) []int64 {
 
 // Commit implements [CursorStore].
 func (s *MemoryCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	return s.commit(ctx, topic, group, queue, offset, 0, false)
+}
+
+// CommitFenced implements [FencedCursorStore].
+func (s *MemoryCursorStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	return s.commit(ctx, topic, group, queue, offset, token, true)
+}
+
+func (s *MemoryCursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
 	if err := ValidateCursorArgs(topic, group, queue); err != nil {
 		return errorf("ferry: commit cursor: %w", err)
 	}
@@ -144,6 +175,13 @@ func (s *MemoryCursorStore) Commit(ctx context.Context, topic, group string, que
 	defer s.mu.Unlock()
 	if s.closed {
 		return errorf("ferry: commit cursor: %w", ErrClosed)
+	}
+	if fenced {
+		k := cursorKey{topic, group, queue}
+		if last := s.tokens[k]; token < last {
+			return errorf("ferry: commit cursor %s/%s[%d]: %w: token %d, last %d", topic, group, queue, ErrFenced, token, last)
+		}
+		s.tokens[k] = token
 	}
 	groups := s.offsets[topic]
 	if groups == nil {
@@ -195,6 +233,11 @@ func (s *MemoryCursorStore) Forget(ctx context.Context, topic, group string) err
 	delete(s.offsets[topic], group)
 	if len(s.offsets[topic]) == 0 {
 		delete(s.offsets, topic)
+	}
+	for k := range s.tokens {
+		if k.topic == topic && k.group == group {
+			delete(s.tokens, k)
+		}
 	}
 	return nil
 }

@@ -432,6 +432,13 @@ func (s *failingCommitStore) Commit(ctx context.Context, topic, group string, qu
 	return s.MemoryCursorStore.Commit(ctx, topic, group, queue, offset)
 }
 
+func (s *failingCommitStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if s.armed.Load() {
+		return errDiskGone
+	}
+	return s.MemoryCursorStore.CommitFenced(ctx, topic, group, queue, offset, token)
+}
+
 // Close returns what failed while closing: the final commit here.
 func TestCloseReturnsFinalCommitError(t *testing.T) {
 	for _, pull := range []bool{false, true} {

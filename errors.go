@@ -49,6 +49,13 @@ var (
 	// ErrGroupActive is returned by [Broker.ForgetGroup] for a group that
 	// still has live members.
 	ErrGroupActive = errors.New("ferry: group has live members")
+	// ErrSessionExpired is returned by a [Session] that ended (left,
+	// expired, or its coordinator closed).
+	ErrSessionExpired = errors.New("ferry: session expired")
+	// ErrFenced is returned by [FencedCursorStore.CommitFenced] when a
+	// commit with a higher fencing token went in first: the committer's
+	// lease is stale, and it wrote nothing.
+	ErrFenced = errors.New("ferry: fenced")
 )
 
 // errorf is [fmt.Errorf] for the errors Ferry returns: the text keeps one

@@ -20,19 +20,22 @@ type groupMember struct {
 	group string
 	topic string
 	scope string // cursor group: group, or group@member for broadcast
-	key   groupKey
-	coord coordinator
+	key   GroupKey
+	coord Coordinator
 	tags  map[string]struct{}
 
-	t      *topicState
-	ids    []QueueID
-	sched  scheduler
-	notify chan struct{} // membership changed
-	dirty  chan struct{} // something may be committable
-	stop   chan struct{} // closed by close: release everything
-	halt   chan struct{} // closed once every queue is released: workers stop
-	wg     sync.WaitGroup
-	runSeq atomic.Int64
+	t     *topicState
+	ids   []QueueID
+	sched scheduler
+	dirty chan struct{} // something may be committable
+	// life ends when close begins (stop is its Done): everything is
+	// released; it bounds the coordinator calls made on the member's
+	// behalf.
+	life    context.Context
+	endLife context.CancelFunc
+	stop    <-chan struct{}
+	halt    chan struct{} // closed once every queue is released: workers stop
+	wg      sync.WaitGroup
 	// commitCost is a moving average of the cursor store's commit time
 	// (ns); it starts slow, so the first commits go to the committer.
 	commitCost atomic.Int64
@@ -49,6 +52,7 @@ type groupMember struct {
 	firstRuns []*queueRun
 	closeErrs []error // what failed while closing: Close returns it
 
+	startMu   sync.Mutex // serializes start: one Join at a time
 	closeOnce sync.Once
 	closeErr  error
 	pull      bool // a PullConsumer's: Close does not wait for polled messages
@@ -76,20 +80,20 @@ const (
 func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupMember {
 	m := &groupMember{
 		b: b, cfg: cfg, group: group, topic: topic, scope: group,
-		coord:  b.groups.coord,
-		notify: make(chan struct{}, 1),
-		dirty:  make(chan struct{}, 1),
-		stop:   make(chan struct{}),
-		halt:   make(chan struct{}),
-		runs:   map[int]*queueRun{},
+		coord: b.groups.coord,
+		dirty: make(chan struct{}, 1),
+		halt:  make(chan struct{}),
+		runs:  map[int]*queueRun{},
 
 		assignedFirst: make(chan struct{}),
 	}
 	m.commitCost.Store(int64(time.Second)) // unmeasured: slow
+	m.life, m.endLife = context.WithCancel(context.Background())
+	m.stop = m.life.Done()
 	if cfg.broadcast {
 		m.scope = group + "@" + cfg.memberID
 	}
-	m.key = groupKey{scope: m.scope, topic: topic}
+	m.key = GroupKey{Scope: m.scope, Topic: topic}
 	if len(cfg.tags) > 0 {
 		m.tags = map[string]struct{}{}
 		for _, t := range cfg.tags {
@@ -103,50 +107,84 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 // start joins the group, starting the goroutines (spawn adds the
 // caller's), unless it has already, and waits until the first assignment
 // is taken, the member closes ([ErrClosed]) or ctx is done (ctx's error).
-// ctx bounds the wait only: the member runs until close.
+// ctx bounds the call only: the member runs until close.
 func (m *groupMember) start(ctx context.Context, spawn func()) error {
+	m.startMu.Lock()
 	m.mu.Lock()
-	switch m.state {
+	state := m.state
+	m.mu.Unlock()
+	switch state {
 	case memberClosed:
-		m.mu.Unlock()
+		m.startMu.Unlock()
 		return ErrClosed
 	case memberNew:
-		if err := m.join(spawn); err != nil {
-			m.mu.Unlock()
+		if err := m.join(ctx, spawn); err != nil {
+			m.startMu.Unlock()
 			return err
 		}
 	}
-	m.mu.Unlock()
+	m.startMu.Unlock()
 	return m.waitSettled(ctx)
 }
 
-// join registers the member, joins the group and starts the goroutines.
-// m.mu is held.
-func (m *groupMember) join(spawn func()) error {
+// join joins the group and starts the goroutines; m.startMu is held. A
+// failed join leaves the member new, to be started again.
+func (m *groupMember) join(ctx context.Context, spawn func()) error {
 	t, err := m.b.topic(m.topic)
 	if err != nil {
 		return err
 	}
-	m.t = t
-	m.ids = make([]QueueID, len(t.queues))
-	for i := range m.ids {
-		m.ids[i] = QueueID{Topic: m.topic, Queue: i}
+	ids := make([]QueueID, len(t.queues))
+	for i := range ids {
+		ids[i] = QueueID{Topic: m.topic, Queue: i}
 	}
 	if err := m.b.groups.add(m); err != nil {
 		return err
 	}
-	if err := m.coord.join(m.key, m.cfg.memberID, m.notify); err != nil {
+	// The Join ends with ctx or with close.
+	jctx, cancel := context.WithCancel(ctx)
+	stopJoin := context.AfterFunc(m.life, cancel)
+	sess, err := m.coord.Join(jctx, m.key, m.cfg.memberID)
+	stopJoin()
+	cancel()
+	if err != nil {
 		m.b.groups.remove(m)
+		if m.closing() {
+			return ErrClosed
+		}
 		return err
 	}
+	m.mu.Lock()
+	if m.state == memberClosed {
+		m.mu.Unlock()
+		m.b.groups.remove(m)
+		m.leave(sess)
+		return ErrClosed
+	}
+	m.t, m.ids = t, ids
 	m.state = memberStarted
 	if spawn != nil {
 		spawn() // before the loop, which may release queues at once
 	}
 	m.wg.Add(2)
-	go m.loop()
+	go m.loop(sess)
 	go m.committer()
+	m.mu.Unlock()
 	return nil
+}
+
+// leaveTimeout bounds the Leave of a closing member.
+const leaveTimeout = 10 * time.Second
+
+// leave ends sess, reporting a failure (Close returns it).
+func (m *groupMember) leave(sess Session) {
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	if err := sess.Leave(ctx); err != nil {
+		err = errorf("ferry: leave group %s: %w", m.key, err)
+		m.report(err)
+		m.closeFailed(err)
+	}
 }
 
 // waitSettled waits until the member holds the queues of its first
@@ -174,26 +212,28 @@ func (m *groupMember) waitSettled(ctx context.Context) error {
 	return nil
 }
 
-// close leaves the group, releases every queue (draining, committing and
-// unlocking each), stops the goroutines and waits for them. It returns
-// what failed meanwhile (a final commit, say), the same on every call.
+// close releases every queue (draining, committing and unlocking each),
+// leaves the group, stops the goroutines and waits for them. It returns
+// what failed meanwhile (a final commit, the leave), the same on every
+// call.
 func (m *groupMember) close() error {
 	m.closeOnce.Do(func() {
 		m.mu.Lock()
 		started := m.state == memberStarted
 		m.state = memberClosed
 		m.mu.Unlock()
+		m.endLife()
 		if !started {
 			return
 		}
-		m.coord.leave(m.key, m.cfg.memberID)
-		close(m.stop)
 		m.wg.Wait()
 		m.b.groups.remove(m)
 		if m.cfg.broadcast && m.cfg.generatedID {
 			// Nobody can come back under this member's cursor: it must
 			// not hold back Block queues for good.
-			_ = m.b.groups.forget(m.t, m.scope, func(string) bool { return false })
+			if err := m.b.groups.forget(context.Background(), m.t, m.scope); err != nil {
+				m.report(errorf("ferry: forget broadcast member %s: %w", m.scope, err))
+			}
 		}
 		m.mu.Lock()
 		m.closeErr = errors.Join(m.closeErrs...)
@@ -234,45 +274,84 @@ func (m *groupMember) closeFailed(err error) {
 	}
 }
 
-// loop follows membership until stop, then releases every queue and stops
-// the workers.
-func (m *groupMember) loop() {
+// loop follows membership until stop, then releases every queue, leaves
+// the group and stops the workers. When the session expires (every lease
+// is lost with it), it joins again.
+func (m *groupMember) loop(sess Session) {
 	defer m.wg.Done()
 	first := true
+	settle := func(runs []*queueRun) {
+		if first {
+			m.mu.Lock()
+			m.firstRuns = runs
+			m.mu.Unlock()
+			close(m.assignedFirst)
+			first = false
+		}
+	}
+	defer func() {
+		m.rebalance(nil, nil)
+		if sess != nil {
+			m.leave(sess)
+		}
+		settle(nil)
+		close(m.halt)
+		m.markDirty()
+	}()
 	for {
 		select {
 		case <-m.stop:
-			m.rebalance(nil, false)
-			if first {
-				close(m.assignedFirst)
-			}
-			close(m.halt)
-			m.markDirty()
 			return
-		case <-m.notify:
-			mine, ok := m.allocate()
-			runs := m.rebalance(mine, true)
-			if first {
-				if !ok {
-					runs = nil // a broken split: Start does not wait for locks that may never come
-				}
-				m.mu.Lock()
-				m.firstRuns = runs
-				m.mu.Unlock()
-				close(m.assignedFirst)
-				first = false
+		case <-sess.Done():
+			m.report(errorf("ferry: group %s member %q: %w: joining again", m.key, m.cfg.memberID, ErrSessionExpired))
+			m.rebalance(nil, nil) // the runs stopped when their leases were lost
+			if sess = m.rejoin(); sess == nil {
+				return
 			}
+		case <-sess.Changed():
+			mine, ok := m.allocate(sess.Members())
+			runs := m.rebalance(mine, sess)
+			if !ok {
+				runs = nil // a broken split: Start does not wait for locks that may never come
+			}
+			settle(runs)
 		}
+	}
+}
+
+// rejoinBackoff bounds the wait between two tries to join again.
+const rejoinBackoff = time.Second
+
+// rejoin joins the group again after the session expired, trying until it
+// works or close begins (nil).
+func (m *groupMember) rejoin() Session {
+	wait := 10 * time.Millisecond
+	for {
+		sess, err := m.coord.Join(m.life, m.key, m.cfg.memberID)
+		if err == nil {
+			return sess
+		}
+		if m.closing() {
+			return nil
+		}
+		m.report(errorf("ferry: join group %s again: %w", m.key, err))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-m.stop:
+			t.Stop()
+			return nil
+		}
+		wait = min(2*wait, rejoinBackoff)
 	}
 }
 
 // allocate returns the queues this member should own now. ok is false when
 // the split is broken (reported).
-func (m *groupMember) allocate() (mine []QueueID, ok bool) {
+func (m *groupMember) allocate(members []string) (mine []QueueID, ok bool) {
 	if m.cfg.broadcast {
 		return m.ids, true
 	}
-	members := m.coord.members(m.key)
 	if !slices.Contains(members, m.cfg.memberID) {
 		return nil, true // left: own nothing
 	}
@@ -340,9 +419,10 @@ func safeAllocate(a Allocator, group, self string, queues []QueueID, members []s
 }
 
 // rebalance releases the owned queues not in mine (all of them in
-// parallel, each waiting for its drain) and then starts runs for the
-// queues of mine not owned. It returns the runs it started.
-func (m *groupMember) rebalance(mine []QueueID, take bool) []*queueRun {
+// parallel, each waiting for its drain) and then, with a session, starts
+// runs for the queues of mine not owned, which lock them in sess. It
+// returns the runs it started.
+func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
 	want := map[int]bool{}
 	for _, q := range mine {
 		want[q.Queue] = true
@@ -366,12 +446,12 @@ func (m *groupMember) rebalance(mine []QueueID, take bool) []*queueRun {
 		delete(m.runs, r.q)
 	}
 	var started []*queueRun
-	if take {
+	if sess != nil {
 		for _, q := range mine {
 			if _, ok := m.runs[q.Queue]; ok {
 				continue
 			}
-			r := m.newRun(q.Queue)
+			r := m.newRun(q.Queue, sess)
 			m.runs[q.Queue] = r
 			started = append(started, r)
 			m.wg.Add(1)

@@ -3,7 +3,6 @@ package ferry
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +22,8 @@ type queueRun struct {
 	q     int
 	id    QueueID
 	queue Queue
-	owner string // lock token
+	sess  Session // the session the run locks its queue in
+	lease Lease   // set once locked, before owned
 	buf   *Buffer
 
 	ctx    context.Context // fetch context; cancelled to release
@@ -38,6 +38,7 @@ type queueRun struct {
 	owned     atomic.Bool // lock held and cursor loaded
 	releasing atomic.Bool // revoked: no take from the buffer, no retry starts
 	finished  atomic.Bool // drained (or the drain gave up): no handling starts
+	lost      atomic.Bool // the lease was lost (or fenced): no commit from now on
 
 	inReady bool // guarded by m.sched.mu
 
@@ -46,10 +47,9 @@ type queueRun struct {
 	released  bool
 }
 
-func (m *groupMember) newRun(q int) *queueRun {
+func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r := &queueRun{
-		m: m, q: q, id: m.ids[q], queue: m.t.queues[q],
-		owner: m.cfg.memberID + "#" + strconv.FormatInt(m.runSeq.Add(1), 10),
+		m: m, q: q, id: m.ids[q], queue: m.t.queues[q], sess: sess,
 		buf:   newBuffer(m.cfg.buffer),
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
@@ -68,11 +68,17 @@ func (r *queueRun) run() {
 	defer r.hcancel()
 	readyOnce := sync.OnceFunc(func() { close(r.ready) })
 	defer readyOnce()
-	if err := m.coord.lock(r.ctx, m.key, r.q, r.owner); err != nil {
+	lease, err := r.sess.Lock(r.ctx, r.q)
+	if err != nil {
+		if r.ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
+			m.report(errorf("ferry: lock %s: %w", r.id, err))
+		}
 		r.finished.Store(true)
 		return
 	}
-	defer m.coord.unlock(m.key, r.q, r.owner)
+	r.lease = lease
+	defer r.unlock()
+	defer r.watchLost()()
 	start, err := r.load()
 	if err != nil {
 		if r.ctx.Err() == nil {
@@ -89,15 +95,76 @@ func (r *queueRun) run() {
 	r.release()
 }
 
+// watchLost makes the run lose the queue when its lease is lost, and
+// returns what stops watching. The leases of this package need no
+// goroutine for it; others get one, which the returned func waits for.
+func (r *queueRun) watchLost() func() {
+	if n, ok := r.lease.(lostNotifier); ok {
+		if !n.afterLost(r.lose) {
+			r.lose()
+		}
+		return func() {}
+	}
+	exit := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-r.lease.Lost():
+			r.lose()
+		case <-exit:
+		}
+	}()
+	return func() { close(exit); <-watched }
+}
+
+// lose is the loss of the lease (or a fenced commit): the run stops at
+// once, cancels its handlers, and commits nothing more, since its token
+// is stale. What was in flight goes to the next owner.
+func (r *queueRun) lose() {
+	if r.lost.Swap(true) {
+		return
+	}
+	r.revoke()
+	r.finished.Store(true)
+	r.hcancel()
+	r.m.b.log.Warn("ferry: queue lease lost", "group", r.m.scope, "queue", r.id.String(), "member", r.m.cfg.memberID)
+}
+
+// unlockTimeout bounds the Release of a lease.
+const unlockTimeout = 10 * time.Second
+
+// unlock releases the lease, reporting a failure.
+func (r *queueRun) unlock() {
+	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
+	defer cancel()
+	if err := r.lease.Release(ctx); err != nil && !r.lost.Load() {
+		r.m.report(errorf("ferry: unlock %s: %w", r.id, err))
+	}
+}
+
+// commitCursor commits off for r's queue, fenced by the lease's token
+// when the store can; ErrFenced loses the queue.
+func (r *queueRun) commitCursor(ctx context.Context, off int64) error {
+	m := r.m
+	var err error
+	if fs, ok := m.b.cursors.(FencedCursorStore); ok {
+		err = fs.CommitFenced(ctx, m.topic, m.scope, r.q, off, r.lease.Token())
+		if errors.Is(err, ErrFenced) {
+			r.lose()
+		}
+	} else {
+		err = m.b.cursors.Commit(ctx, m.topic, m.scope, r.q, off)
+	}
+	return err
+}
+
 // load reads the committed cursor, picks the start offset (WithStartFrom
 // without a cursor, a reset outside the retained range) and commits it.
 func (r *queueRun) load() (int64, error) {
 	m := r.m
 	offs, err := m.b.cursors.Load(r.ctx, m.topic, m.scope, len(m.ids))
 	if err != nil {
-		return 0, errorf("ferry: take %s: %w", r.id, err)
-	}
-	if err := m.b.groups.seed(r.ctx, m.t); err != nil {
 		return 0, errorf("ferry: take %s: %w", r.id, err)
 	}
 	m.b.groups.register(m.topic, m.scope, offs)
@@ -113,7 +180,7 @@ func (r *queueRun) load() (int64, error) {
 		start = r.resetTo(cur)
 	}
 	if start != cur {
-		if err := m.b.cursors.Commit(r.ctx, m.topic, m.scope, r.q, start); err != nil {
+		if err := r.commitCursor(r.ctx, start); err != nil {
 			return 0, errorf("ferry: take %s: %w", r.id, err)
 		}
 	}
@@ -249,14 +316,14 @@ func (r *queueRun) release() {
 		m.dropRetries(r) // a retry's backoff must not hold the release
 	}
 	timeout := m.cfg.drainTimeout
-	if m.pull && m.closing() {
-		timeout = 0 // Commit is refused after Close: nothing in flight can finish
+	if m.pull && m.closing() || r.lost.Load() {
+		timeout = 0 // nothing in flight can finish: Commit is refused after Close, or the lease is gone
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	err := r.buf.WaitDrained(ctx)
 	cancel()
 	r.finished.Store(true) // no handling starts after the drain
-	if err != nil && timeout > 0 {
+	if err != nil && timeout > 0 && !r.lost.Load() {
 		st := r.buf.Stats()
 		m.b.log.Warn("ferry: drain timeout, abandoning in-flight messages", "group", m.scope,
 			"queue", r.id.String(), "in_flight", st.InFlight, "timeout", m.cfg.drainTimeout)
@@ -297,7 +364,7 @@ func (r *queueRun) tryCommit() bool {
 
 // commitLocked is commit; r.commitMu is held.
 func (r *queueRun) commitLocked(final bool) error {
-	if r.released || !r.owned.Load() {
+	if r.released || !r.owned.Load() || r.lost.Load() {
 		return nil
 	}
 	if final {
@@ -309,7 +376,7 @@ func (r *queueRun) commitLocked(final bool) error {
 	}
 	m := r.m
 	start := time.Now()
-	err := m.b.cursors.Commit(context.Background(), m.topic, m.scope, r.q, off)
+	err := r.commitCursor(context.Background(), off)
 	m.recordCommit(time.Since(start))
 	if err != nil {
 		return errorf("ferry: commit %s at %d: %w", r.id, off, err)
@@ -325,7 +392,14 @@ func (r *queueRun) releaseBlocked(off int64) {
 	if m.t.meta.Retention.Overflow != Block {
 		return
 	}
-	if rel, ok := r.queue.(Releaser); ok {
-		rel.Release(m.b.groups.committedTo(m.topic, m.scope, r.q, off))
+	rel, ok := r.queue.(Releaser)
+	if !ok {
+		return
 	}
+	low, err := m.b.groups.releaseTo(context.Background(), m.t, m.scope, r.q, off)
+	if err != nil {
+		m.report(errorf("ferry: release %s: %w", r.id, err))
+		return
+	}
+	rel.Release(low)
 }

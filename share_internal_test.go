@@ -118,6 +118,14 @@ func (g *gatedCursors) Commit(ctx context.Context, topic, group string, queue in
 	return g.MemoryCursorStore.Commit(ctx, topic, group, queue, offset)
 }
 
+func (g *gatedCursors) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if offset > 0 {
+		g.once.Do(func() { close(g.entered) })
+		<-g.gate
+	}
+	return g.MemoryCursorStore.CommitFenced(ctx, topic, group, queue, offset, token)
+}
+
 // A slow cursor store does not hold up the handler: commits go to the
 // committer goroutine until they prove fast. Here a commit never returns
 // until the end, and one worker must still handle every message.

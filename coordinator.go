@@ -1,0 +1,363 @@
+package ferry
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// GroupKey names a group of members sharing the queues of one topic.
+type GroupKey struct {
+	// Scope is the consumer group, or "<group>@<member>" for a broadcast
+	// member (see [Broadcast]), whose cursors are its own.
+	Scope string
+	// Topic is the topic the group reads.
+	Topic string
+}
+
+func (g GroupKey) String() string { return g.Scope + "/" + g.Topic }
+
+// Coordinator keeps consumer group membership and the per-(group, queue)
+// locks that give each queue one owner. It is the one seam between a
+// consumer and everything that knows about the other members: the
+// in-memory default ([NewMemoryCoordinator]) serves the brokers of one
+// process, a distributed one (a KV store with leases, say) serves
+// brokers in many, and the consumer is the same over both. Nothing in a
+// consumer assumes the other members live in its process.
+//
+// Failure detection is the implementation's: a member whose process goes
+// silent for the implementation's time to live (TTL) is gone, its
+// session ends ([Session.Done]) and every [Lease] it held is lost
+// ([Lease.Lost]) before anyone else can lock that queue. The in-memory
+// coordinator has no TTL: its members live in the process and leave
+// explicitly.
+//
+// Implementations must be safe for concurrent use. After Close, Join and
+// Members return [ErrClosed] and every session ends; Close is
+// idempotent. Package ferrytest holds the conformance suite
+// (TestCoordinator) and a fake that expires sessions and leases on demand.
+type Coordinator interface {
+	// Join adds member to group g and returns its session; every session
+	// of the group is told ([Session.Changed]). A member already live in
+	// the group is [ErrInvalidOption]. An invalid key or an empty member
+	// is [ErrInvalidOption]. ctx bounds the call.
+	Join(ctx context.Context, g GroupKey, member string) (Session, error)
+	// Members returns g's live members, sorted; none for a group nobody
+	// joined.
+	Members(ctx context.Context, g GroupKey) ([]string, error)
+	io.Closer
+}
+
+// Session is one member's membership of a group, from [Coordinator.Join]
+// to [Session.Leave] or its expiry. Its methods are safe for concurrent
+// use.
+type Session interface {
+	// Changed has a value after every membership change of the group
+	// (coalesced: several changes may give one value), starting with one
+	// right after Join. Read [Session.Members] after each.
+	Changed() <-chan struct{}
+	// Members returns the group's members, sorted, as last seen; self is
+	// among them while the session lives.
+	Members() []string
+	// Done is closed when the session ends: left, expired (the member was
+	// silent for the TTL) or the coordinator closed. Every lease of the
+	// session is lost by then.
+	Done() <-chan struct{}
+	// Lock takes the lock of queue in the group for this session, waiting
+	// without polling until it is free or ctx is done (ctx's error). After
+	// the session ended it is [ErrSessionExpired]; a queue out of range
+	// for the implementation is [ErrInvalidOption]. A session must not
+	// lock a queue it holds.
+	Lock(ctx context.Context, queue int) (Lease, error)
+	// Leave ends the session: its leases are released and the others are
+	// told. Leaving twice, or after expiry, is a no-op.
+	Leave(ctx context.Context) error
+}
+
+// Lease is the holding of one queue's lock, from [Session.Lock] to
+// Release or its loss.
+type Lease interface {
+	// Token is the lease's fencing token: strictly larger than that of
+	// every earlier Lock of the same (group, queue), in any session.
+	// Commits made under the lease carry it (see [FencedCursorStore]).
+	Token() uint64
+	// Lost is closed when the lease is lost without Release: the session
+	// expired or ended, or the implementation could not renew it. It is
+	// closed before anyone else can lock the queue. The holder must stop
+	// at once: fetch nothing more, cancel its handlers and commit nothing
+	// more (its token is stale, so a fenced store would refuse it).
+	Lost() <-chan struct{}
+	// Release gives the lock up if the lease still holds it; otherwise it
+	// does nothing. Idempotent.
+	Release(ctx context.Context) error
+}
+
+// MemoryCoordinator is the in-memory [Coordinator], the default: it
+// serves every broker of the process it is shared by (see
+// [WithCoordinator]). Its sessions end only by Leave or Close.
+type MemoryCoordinator struct {
+	mu     sync.Mutex // guards every field below
+	groups map[GroupKey]map[string]*memSession
+	locks  map[lockKey]*memLease
+	tokens map[lockKey]uint64 // the last token given per lock
+	closed bool
+}
+
+var (
+	_ Coordinator = (*MemoryCoordinator)(nil)
+	_ Session     = (*memSession)(nil)
+	_ Lease       = (*memLease)(nil)
+)
+
+type lockKey struct {
+	g GroupKey
+	q int
+}
+
+// NewMemoryCoordinator returns an empty coordinator.
+func NewMemoryCoordinator() *MemoryCoordinator {
+	return &MemoryCoordinator{
+		groups: map[GroupKey]map[string]*memSession{},
+		locks:  map[lockKey]*memLease{},
+		tokens: map[lockKey]uint64{},
+	}
+}
+
+// validateJoin checks what Join takes.
+func validateJoin(g GroupKey, member string) error {
+	if g.Scope == "" || member == "" {
+		return fmt.Errorf("%w: empty group or member", ErrInvalidOption)
+	}
+	if err := ValidateTopicName(g.Topic); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Join implements [Coordinator].
+func (c *MemoryCoordinator) Join(ctx context.Context, g GroupKey, member string) (Session, error) {
+	if err := validateJoin(g, member); err != nil {
+		return nil, errorf("ferry: join %s: %w", g, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, errorf("ferry: join %s: %w", g, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errorf("ferry: join %s: %w", g, ErrClosed)
+	}
+	ms := c.groups[g]
+	if _, ok := ms[member]; ok {
+		return nil, errorf("ferry: join: %w: member %q already in group %q of topic %q", ErrInvalidOption, member, g.Scope, g.Topic)
+	}
+	if ms == nil {
+		ms = map[string]*memSession{}
+		c.groups[g] = ms
+	}
+	s := &memSession{c: c, g: g, member: member, changed: make(chan struct{}, 1), done: make(chan struct{}), leases: map[int]*memLease{}}
+	ms[member] = s
+	c.notifyLocked(g)
+	return s, nil
+}
+
+// notifyLocked tells every session of g that membership changed.
+func (c *MemoryCoordinator) notifyLocked(g GroupKey) {
+	members := slices.Sorted(mapKeysOf(c.groups[g]))
+	for _, s := range c.groups[g] {
+		s.members.Store(&members)
+		select {
+		case s.changed <- struct{}{}:
+		default: // a change is already pending
+		}
+	}
+}
+
+func mapKeysOf[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// Members implements [Coordinator].
+func (c *MemoryCoordinator) Members(ctx context.Context, g GroupKey) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, errorf("ferry: members of %s: %w", g, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errorf("ferry: members of %s: %w", g, ErrClosed)
+	}
+	return slices.Sorted(mapKeysOf(c.groups[g])), nil
+}
+
+// Close implements [io.Closer]: every session ends, every lease is lost.
+func (c *MemoryCoordinator) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	for _, ms := range c.groups {
+		for _, s := range ms {
+			s.endLocked(true)
+		}
+	}
+	return nil
+}
+
+// memSession is a session of the memory coordinator.
+type memSession struct {
+	c       *MemoryCoordinator
+	g       GroupKey
+	member  string
+	changed chan struct{}
+	done    chan struct{}
+	members atomicSlice
+
+	leases map[int]*memLease // guarded by c.mu
+	ended  bool              // guarded by c.mu
+}
+
+func (s *memSession) Changed() <-chan struct{} { return s.changed }
+func (s *memSession) Done() <-chan struct{}    { return s.done }
+
+func (s *memSession) Members() []string {
+	if p := s.members.Load(); p != nil {
+		return slices.Clone(*p)
+	}
+	return nil
+}
+
+func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
+	if queue < 0 || queue >= MaxQueues {
+		return nil, errorf("ferry: lock %s queue %d: %w: out of range", s.g, queue, ErrInvalidOption)
+	}
+	k := lockKey{s.g, queue}
+	for {
+		s.c.mu.Lock()
+		if s.ended {
+			s.c.mu.Unlock()
+			return nil, errorf("ferry: lock %s queue %d: %w", s.g, queue, ErrSessionExpired)
+		}
+		l := s.c.locks[k]
+		if l == nil {
+			s.c.tokens[k]++
+			l = &memLease{s: s, k: k, token: s.c.tokens[k], lost: make(chan struct{}), freed: make(chan struct{})}
+			s.c.locks[k] = l
+			s.leases[queue] = l
+			s.c.mu.Unlock()
+			return l, nil
+		}
+		freed := l.freed
+		s.c.mu.Unlock()
+		select {
+		case <-freed:
+		case <-s.done:
+		case <-ctx.Done():
+			return nil, errorf("ferry: lock %s queue %d: %w", s.g, queue, ctx.Err())
+		}
+	}
+}
+
+func (s *memSession) Leave(ctx context.Context) error {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	s.endLocked(false)
+	return nil
+}
+
+// endLocked ends the session: its leases are released (lost, unless it
+// left) and the group is told. s.c.mu held.
+func (s *memSession) endLocked(lost bool) {
+	if s.ended {
+		return
+	}
+	s.ended = true
+	for _, l := range s.leases {
+		l.freeLocked(lost)
+	}
+	if ms := s.c.groups[s.g]; ms[s.member] == s {
+		delete(ms, s.member)
+		if len(ms) == 0 {
+			delete(s.c.groups, s.g)
+		}
+		s.c.notifyLocked(s.g)
+	}
+	close(s.done)
+}
+
+// memLease is a lease of the memory coordinator.
+type memLease struct {
+	s     *memSession
+	k     lockKey
+	token uint64
+	lost  chan struct{} // closed when lost
+	freed chan struct{} // closed when released or lost: waiters retry
+
+	gone   bool   // guarded by s.c.mu
+	onLost func() // guarded by s.c.mu: called once, when lost
+}
+
+func (l *memLease) Token() uint64         { return l.token }
+func (l *memLease) Lost() <-chan struct{} { return l.lost }
+
+func (l *memLease) Release(ctx context.Context) error {
+	l.s.c.mu.Lock()
+	defer l.s.c.mu.Unlock()
+	l.freeLocked(false)
+	return nil
+}
+
+// freeLocked gives the lock up, firing Lost first when lost. s.c.mu held.
+func (l *memLease) freeLocked(lost bool) {
+	if l.gone {
+		return
+	}
+	l.gone = true
+	if lost {
+		close(l.lost)
+		if l.onLost != nil {
+			l.onLost()
+		}
+	}
+	c := l.s.c
+	if c.locks[l.k] == l {
+		delete(c.locks, l.k)
+	}
+	delete(l.s.leases, l.k.q)
+	close(l.freed)
+}
+
+// afterLost arranges for f to be called when the lease is lost, so that
+// a consumer needs no goroutine per lease to watch Lost: f is called
+// with the coordinator's lock held and must not call the coordinator. It
+// reports false, calling nothing, if the lease is gone already.
+func (l *memLease) afterLost(f func()) bool {
+	l.s.c.mu.Lock()
+	defer l.s.c.mu.Unlock()
+	if l.gone {
+		return false
+	}
+	l.onLost = f
+	return true
+}
+
+// lostNotifier is implemented by the leases of this package's
+// coordinators (and ferrytest's fake): they call f when lost, so that the
+// consumer watches them without a goroutine each.
+type lostNotifier interface {
+	afterLost(f func()) bool
+}
+
+// atomicSlice holds a sorted member list, replaced whole.
+type atomicSlice = atomic.Pointer[[]string]
