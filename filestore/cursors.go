@@ -59,8 +59,8 @@ func openCursors(st *Store) (*cursorStore, error) {
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 	}
-	if err := st.root.Remove(cursorFile + ".tmp"); err == nil {
-		if err := syncDir(st.root, "."); err != nil {
+	if err := st.files.remove(cursorFile + ".tmp"); err == nil {
+		if err := st.files.syncDir("."); err != nil {
 			return nil, err
 		}
 	}
@@ -209,7 +209,7 @@ func (c *cursorStore) flush(durable bool) {
 	}
 	gen, data := c.gen, c.encode()
 	c.mu.Unlock()
-	err := writeFileRename(c.st.root, cursorFile, data, durable)
+	err := c.st.files.writeFileRename(cursorFile, data, durable)
 	c.mu.Lock()
 	if err != nil {
 		c.err = fmt.Errorf("%w: write cursors: %w", ErrFailed, err)

@@ -67,6 +67,7 @@ type config struct {
 	cacheMessages int
 	cacheBytes    int64
 	verify        bool
+	fault         func(op, name string) error // see fsys; set by tests
 	log           *slog.Logger
 }
 

@@ -17,7 +17,7 @@ import (
 // and a first segment when missing, and starts the queue.
 func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, error) {
 	qdir := path.Join("topics", id.Topic, strconv.Itoa(id.Queue))
-	if err := mkdirSync(st.root, qdir); err != nil {
+	if err := st.files.mkdirSync(qdir); err != nil {
 		return nil, err
 	}
 	entries, err := fs.ReadDir(st.root.FS(), qdir)
@@ -31,7 +31,7 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 		n := e.Name()
 		switch {
 		case strings.HasSuffix(n, ".tmp"):
-			_ = st.root.Remove(path.Join(qdir, n))
+			_ = st.files.remove(path.Join(qdir, n))
 			removed = true
 		case len(n) == 24 && strings.HasSuffix(n, ".log"):
 			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
@@ -52,11 +52,11 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 	}
 	if len(bases) == 0 {
 		name := segmentName(qdir, 0)
-		f, err := st.root.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+		f, err := st.files.openFile(name, os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {
 			return nil, err
 		}
-		if err := syncDir(st.root, qdir); err != nil {
+		if err := st.files.syncDir(qdir); err != nil {
 			_ = f.Close()
 			return nil, err
 		}
@@ -64,7 +64,7 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 	}
 	for i, base := range bases {
 		name := segmentName(qdir, base)
-		f, err := st.root.OpenFile(name, os.O_RDWR, 0)
+		f, err := st.files.openFile(name, os.O_RDWR, 0)
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -92,12 +92,12 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 	}
 	for b := range indexes { // orphans of deleted segments
 		if !slices.Contains(bases, b) {
-			_ = st.root.Remove(indexName(qdir, b))
+			_ = st.files.remove(indexName(qdir, b))
 			removed = true
 		}
 	}
 	if removed {
-		if err := syncDir(st.root, qdir); err != nil {
+		if err := st.files.syncDir(qdir); err != nil {
 			closeAll()
 			return nil, err
 		}
@@ -135,7 +135,7 @@ func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir strin
 		}
 	}
 	iname := indexName(qdir, s.base)
-	if err := writeFileRename(st.root, iname, encodeIndex(s), false); err != nil {
+	if err := st.files.writeFileRename(iname, encodeIndex(s), false); err != nil {
 		return err
 	}
 	st.recovery.RebuiltIndexes = append(st.recovery.RebuiltIndexes, iname)
@@ -150,20 +150,20 @@ func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasInde
 		return fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
 	}
 	if err != nil {
-		if err := s.f.Truncate(pos); err != nil {
+		if err := st.files.truncate(s.f, pos); err != nil {
 			return err
 		}
-		if err := syncFile(s.f); err != nil {
+		if err := st.files.sync(s.f); err != nil {
 			return err
 		}
 		st.recovery.Truncated = append(st.recovery.Truncated, Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err})
 		st.cfg.log.Warn("ferry: filestore: cut torn tail", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "err", err)
 	}
 	if hasIndex { // written by a roll that did not finish; rewritten on the next
-		if err := st.root.Remove(indexName(qdir, s.base)); err != nil {
+		if err := st.files.remove(indexName(qdir, s.base)); err != nil {
 			return err
 		}
-		return syncDir(st.root, qdir)
+		return st.files.syncDir(qdir)
 	}
 	return nil
 }

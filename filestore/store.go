@@ -36,10 +36,11 @@ import (
 //
 // A Store is safe for concurrent use.
 type Store struct {
-	cfg  config
-	dir  string
-	root *os.Root
-	lock *os.File
+	cfg   config
+	dir   string
+	root  *os.Root
+	files fsys // root, through the fault hook
+	lock  *os.File
 
 	mu       sync.Mutex // guards topics, queues, closed and closeErr
 	topics   map[string]ferry.TopicMeta
@@ -121,7 +122,8 @@ func open(dir string, cfg config) (_ *Store, err error) {
 	if err != nil {
 		return nil, err
 	}
-	lock, err := root.OpenFile("LOCK", os.O_RDWR|os.O_CREATE, 0o600)
+	files := fsys{root: root, fault: cfg.fault}
+	lock, err := files.openFile("LOCK", os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		_ = root.Close()
 		return nil, err
@@ -131,13 +133,13 @@ func open(dir string, cfg config) (_ *Store, err error) {
 		_ = root.Close()
 		return nil, err
 	}
-	if err := syncDir(root, "."); err != nil { // LOCK may be new
+	if err := files.syncDir("."); err != nil { // LOCK may be new
 		_ = lock.Close()
 		_ = root.Close()
 		return nil, err
 	}
 	st := &Store{
-		cfg: cfg, dir: dir, root: root, lock: lock,
+		cfg: cfg, dir: dir, root: root, files: files, lock: lock,
 		topics: map[string]ferry.TopicMeta{},
 		queues: map[ferry.QueueID]*queue{},
 	}
@@ -146,7 +148,7 @@ func open(dir string, cfg config) (_ *Store, err error) {
 			_ = st.Close()
 		}
 	}()
-	if err := mkdirSync(root, "topics"); err != nil {
+	if err := files.mkdirSync("topics"); err != nil {
 		return nil, err
 	}
 	if err := st.load(); err != nil {
@@ -187,7 +189,7 @@ func (st *Store) load() error {
 			i, err := strconv.Atoi(qe.Name())
 			if !qe.IsDir() || err != nil || i < 0 || i >= ferry.MaxQueues || strconv.Itoa(i) != qe.Name() {
 				if strings.HasSuffix(qe.Name(), ".tmp") {
-					_ = st.root.Remove(path.Join(tdir, qe.Name()))
+					_ = st.files.remove(path.Join(tdir, qe.Name()))
 				}
 				continue
 			}
@@ -273,7 +275,7 @@ func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int)
 		q.setRetention(ret)
 		return q, nil
 	}
-	if err := mkdirSync(st.root, path.Join("topics", meta.Name)); err != nil {
+	if err := st.files.mkdirSync(path.Join("topics", meta.Name)); err != nil {
 		return nil, fmt.Errorf("ferry: open queue %s: %w", id, err)
 	}
 	q, err := st.recoverQueue(id, ret)
@@ -324,10 +326,10 @@ func (st *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 		return fmt.Errorf("ferry: save topic: %w", ferry.ErrClosed)
 	}
 	tdir := path.Join("topics", meta.Name)
-	if err := mkdirSync(st.root, tdir); err != nil {
+	if err := st.files.mkdirSync(tdir); err != nil {
 		return fmt.Errorf("ferry: save topic %q: %w", meta.Name, err)
 	}
-	if err := writeFileRename(st.root, path.Join(tdir, "meta"), encodeMeta(meta), true); err != nil {
+	if err := st.files.writeFileRename(path.Join(tdir, "meta"), encodeMeta(meta), true); err != nil {
 		return fmt.Errorf("ferry: save topic %q: %w", meta.Name, err)
 	}
 	st.topics[meta.Name] = meta
