@@ -67,6 +67,7 @@ type config struct {
 	cacheMessages int
 	cacheBytes    int64
 	verify        bool
+	repair        bool
 	fault         func(op, name string) error // see fsys; set by tests
 	log           *slog.Logger
 }
@@ -113,6 +114,18 @@ func WithCache(messages int, bytes int64) Option {
 // Default: off (Open reads the newest segment and the tail of each older
 // one).
 func WithVerify() Option { return func(c *config) { c.verify = true } }
+
+// WithRepair lets Open cut damage in the newest segment of a queue that is
+// not a torn tail: a bad frame followed by intact ones, which Open
+// otherwise refuses with [ferry.ErrCorrupt], cutting nothing. With it, the
+// segment is cut at the bad frame, dropping every message after it (the
+// intact frames included); the bytes cut are first saved beside the
+// segment (%020d.log.corrupt), and [Store.Recovery] lists the cut as a
+// [Truncation] with Damaged set and how many messages of intact frames
+// were dropped. It is for an operator who has read the error and accepts
+// the loss. Damage in an older segment is never cut: it stays
+// ErrCorrupt. Default: off.
+func WithRepair() Option { return func(c *config) { c.repair = true } }
 
 // WithLogger sets where recovery events (a cut torn tail, a rebuilt index,
 // a clamped cursor) are logged, besides [Store.Recovery]. Default: discard.

@@ -3,6 +3,7 @@ package filestore
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -150,14 +151,35 @@ func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasInde
 		return fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
 	}
 	if err != nil {
+		// A torn tail has nothing intact after the bad point; intact
+		// frames after it make it damage, cut only on request.
+		dropped, first, serr := intactAfter(s.f, pos, size, s.next, st.cfg.maxFrameBytes)
+		if serr != nil {
+			return fmt.Errorf("%s at byte %d: %w", s.name, pos, serr)
+		}
+		tr := Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err, Damaged: dropped > 0, Dropped: dropped}
+		if tr.Damaged {
+			if !st.cfg.repair {
+				return fmt.Errorf("%w (%s at byte %d of %d; intact frames follow it, holding %d messages from offset %d: damage, not a torn tail, so nothing was cut; Open WithRepair cuts the segment there and drops them)",
+					err, s.name, pos, size, dropped, first)
+			}
+			tr.Saved = s.name + ".corrupt"
+			if err := st.saveCut(s, pos, size, tr.Saved, qdir); err != nil {
+				return err
+			}
+		}
 		if err := st.files.truncate(s.f, pos); err != nil {
 			return err
 		}
 		if err := st.files.sync(s.f); err != nil {
 			return err
 		}
-		st.recovery.Truncated = append(st.recovery.Truncated, Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err})
-		st.cfg.log.Warn("ferry: filestore: cut torn tail", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "err", err)
+		st.recovery.Truncated = append(st.recovery.Truncated, tr)
+		if tr.Damaged {
+			st.cfg.log.Error("ferry: filestore: repaired damage, dropping intact frames", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "dropped", dropped, "saved", tr.Saved, "err", err)
+		} else {
+			st.cfg.log.Warn("ferry: filestore: cut torn tail", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "err", err)
+		}
 	}
 	if hasIndex { // written by a roll that did not finish; rewritten on the next
 		if err := st.files.remove(indexName(qdir, s.base)); err != nil {
@@ -166,4 +188,24 @@ func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasInde
 		return st.files.syncDir(qdir)
 	}
 	return nil
+}
+
+// saveCut copies bytes [pos, size) of s's file to name, durably, before
+// a repair cuts them.
+func (st *Store) saveCut(s *segment, pos, size int64, name, qdir string) error {
+	f, err := st.files.openFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = st.files.check(opWrite, name)
+	if err == nil {
+		_, err = io.Copy(f, io.NewSectionReader(s.f, pos, size-pos))
+	}
+	if err == nil {
+		err = st.files.sync(f)
+	}
+	if err = errors.Join(err, f.Close()); err != nil {
+		return err
+	}
+	return st.files.syncDir(qdir)
 }

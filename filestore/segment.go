@@ -180,6 +180,75 @@ func scanSegment(s *segment, limit int64, maxFrame, interval int) (int64, error)
 
 var errBadFrame = fmt.Errorf("%w: misplaced frame", ferry.ErrCorrupt)
 
+// intactAfter looks in r (size bytes) for intact frames after a bad one at
+// pos, in a segment whose next frame should hold offset want: frames that
+// pass every check and hold offsets from want on. It returns how many
+// messages the intact frames from the first one found to the end hold,
+// and the first's offset; none means what follows pos is a torn tail
+// (incomplete, zero or garbage), anything else that the bad frame is
+// damage. It reads the rest of the file once, in chunks, and checks the
+// checksum only where a frame's fixed fields make sense.
+func intactAfter(r io.ReaderAt, pos, size, want int64, maxFrame int) (msgs, first int64, err error) {
+	const chunk = 1 << 20
+	win := make([]byte, min(chunk+frameHeader, max(size-pos, 0)))
+	first = -1
+	for from := pos + 1; from+frameHeader <= size; {
+		at, err := findFrame(r, win, from, size, want, maxFrame, chunk)
+		if err != nil || at < 0 {
+			return msgs, first, err
+		}
+		// Whole frames from there on, until the end or the next bad one.
+		sc := newFrameScanner(r, at, size, maxFrame)
+		next := want
+		for {
+			fi, _, err := sc.next()
+			if err != nil || fi.base < next {
+				break
+			}
+			if first < 0 {
+				first = fi.base
+			}
+			msgs += int64(fi.count)
+			next = fi.next()
+		}
+		from, want = sc.pos()+1, next
+	}
+	return msgs, first, nil
+}
+
+// findFrame returns the position of the first intact frame at or after
+// from holding offsets from want on, or -1.
+func findFrame(r io.ReaderAt, win []byte, from, size, want int64, maxFrame, chunk int) (int64, error) {
+	for c := from; c+frameHeader <= size; c += int64(chunk) {
+		n := int(min(int64(len(win)), size-c))
+		if _, err := r.ReadAt(win[:n], c); err != nil && !errors.Is(err, io.EOF) {
+			return -1, err
+		}
+		for i := 0; i+frameHeader <= n && i < chunk; i++ {
+			b := win[i:n]
+			if b[framePrefix] != frameMagic {
+				continue
+			}
+			l := int64(binary.LittleEndian.Uint32(b))
+			base := int64(binary.LittleEndian.Uint64(b[framePrefix+1:]))
+			count := int64(binary.LittleEndian.Uint32(b[framePrefix+9:]))
+			p := c + int64(i)
+			if l < frameHeader-framePrefix || l+framePrefix > int64(maxFrame) || p+l+framePrefix > size ||
+				base < want || base-want > size || count < 1 || count > l {
+				continue
+			}
+			fb := make([]byte, l+framePrefix)
+			if _, err := r.ReadAt(fb, p); err != nil {
+				return -1, err
+			}
+			if fi, _, err := decodeFrame(fb, maxFrame); err == nil && fi.base == base {
+				return p, nil
+			}
+		}
+	}
+	return -1, nil
+}
+
 // checkTail reads the frames of a sealed segment from its last index entry
 // to its end, checking that they run on without a gap and end at s.next.
 func checkTail(s *segment, maxFrame int) (int64, error) {

@@ -79,6 +79,13 @@ type Truncation struct {
 	At    int64  // bytes kept
 	Cut   int64  // bytes dropped
 	Err   error  // what was wrong with the frame at At
+	// Damaged: intact frames followed the bad one, so this was damage,
+	// not a torn tail, cut because of [WithRepair]. Dropped counts the
+	// messages of those intact frames, lost with the cut, and Saved names
+	// the file (relative to the store's directory) holding the bytes cut.
+	Damaged bool
+	Dropped int64
+	Saved   string
 }
 
 // ClampedCursor is a committed cursor that Open moved into its queue's
