@@ -88,7 +88,7 @@ func (q *queue) readDisk(offset, limit int64, dst []*ferry.EnhancedMessage) (int
 	s := q.segs[i]
 	e, size := s.lookup(offset), s.size
 	q.mu.Unlock()
-	sc := newFrameScanner(s.f, e.pos, size, q.cfg.maxFrameBytes)
+	sc := newFrameScanner(s.f, e.pos, size, q.cfg.maxFrameBytes, q.key)
 	sc.bufSize = 64 << 10
 	want := e.off
 	out := dst[:0]
@@ -109,7 +109,7 @@ func (q *queue) readDisk(offset, limit int64, dst []*ferry.EnhancedMessage) (int
 			continue
 		}
 		var msgs []*ferry.EnhancedMessage
-		msgs, err = decodeMessages(msgs, fi, enc, offset)
+		msgs, err = decodeMessages(msgs, fi, enc, offset, q.id.Queue)
 		if err != nil {
 			return 0, fmt.Errorf("%w (%s at byte %d)", err, s.name, pos)
 		}

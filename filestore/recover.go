@@ -45,6 +45,7 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 		}
 	}
 	slices.Sort(bases)
+	key := st.key(id)
 	var segs []*segment
 	closeAll := func() {
 		for _, s := range segs {
@@ -82,9 +83,9 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 			return nil, err
 		}
 		if i < len(bases)-1 {
-			err = st.recoverSealed(s, fi.Size(), indexes[base], qdir)
+			err = st.recoverSealed(s, fi.Size(), indexes[base], qdir, key)
 		} else {
-			err = st.recoverNewest(id, s, fi.Size(), indexes[base], qdir)
+			err = st.recoverNewest(id, s, fi.Size(), indexes[base], qdir, key)
 		}
 		if err != nil {
 			closeAll()
@@ -109,34 +110,34 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 // recoverSealed loads the index of a sealed segment and checks its tail;
 // if either fails, or WithVerify is on, it reads the whole segment, where
 // a bad frame is ErrCorrupt, and rewrites the index.
-func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir string) error {
+func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir string, key frameKey) error {
 	if hasIndex && !st.cfg.verify {
 		iname := indexName(qdir, s.base)
-		b, err := readBounded(st.root, iname, indexHeader+4+8*(size/frameHeader+1))
+		b, err := readBounded(st.root, iname, indexHeader+4+8*(size/frameHeaderV1+1))
 		if err == nil {
-			err = decodeIndex(s, b, size)
+			err = decodeIndex(s, b, size, key)
 		}
 		if err == nil {
-			if _, err = checkTail(s, st.cfg.maxFrameBytes); err == nil {
+			if _, err = checkTail(s, st.cfg.maxFrameBytes, key); err == nil {
 				return nil
 			}
 		}
 		st.cfg.log.Warn("ferry: filestore: rebuilding index", "file", iname, "err", err)
 	}
 	*s = segment{name: s.name, f: s.f, base: s.base, next: s.base}
-	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval)
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key)
 	if err != nil {
 		return fmt.Errorf("%w (%s at byte %d of %d, not the newest segment)", err, s.name, pos, size)
 	}
 	if hasIndex && st.cfg.verify {
 		chk := segment{base: s.base}
-		if b, err := readBounded(st.root, indexName(qdir, s.base), indexHeader+4+8*(size/frameHeader+1)); err == nil && decodeIndex(&chk, b, size) == nil &&
+		if b, err := readBounded(st.root, indexName(qdir, s.base), indexHeader+4+8*(size/frameHeaderV1+1)); err == nil && decodeIndex(&chk, b, size, key) == nil &&
 			chk.next == s.next && chk.sizeSum == s.sizeSum && slices.Equal(chk.index, s.index) {
 			return nil
 		}
 	}
 	iname := indexName(qdir, s.base)
-	if err := st.files.writeFileRename(iname, encodeIndex(s), false); err != nil {
+	if err := st.files.writeFileRename(iname, encodeIndex(s, key.tag), false); err != nil {
 		return err
 	}
 	st.recovery.RebuiltIndexes = append(st.recovery.RebuiltIndexes, iname)
@@ -145,20 +146,23 @@ func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir strin
 
 // recoverNewest reads the newest segment of a queue and cuts it at the
 // first torn or bad frame.
-func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasIndex bool, qdir string) error {
-	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval)
+func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasIndex bool, qdir string, key frameKey) error {
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key)
 	if err != nil && !errors.Is(err, ferry.ErrCorrupt) {
 		return fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
 	}
 	if err != nil {
 		// A torn tail has nothing intact after the bad point; intact
 		// frames after it make it damage, cut only on request.
-		dropped, first, serr := intactAfter(s.f, pos, size, s.next, st.cfg.maxFrameBytes)
+		found, dropped, first, serr := intactAfter(s.f, pos, size, s.next, st.cfg.maxFrameBytes, key)
 		if serr != nil {
 			return fmt.Errorf("%s at byte %d: %w", s.name, pos, serr)
 		}
-		tr := Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err, Damaged: dropped > 0, Dropped: dropped}
+		tr := Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err, Damaged: found || errors.Is(err, errMisplaced), Dropped: dropped}
 		if tr.Damaged {
+			if !st.cfg.repair && !found {
+				return fmt.Errorf("%w (%s at byte %d of %d; nothing was cut: Open WithRepair cuts the segment there)", err, s.name, pos, size)
+			}
 			if !st.cfg.repair {
 				return fmt.Errorf("%w (%s at byte %d of %d; intact frames follow it, holding %d messages from offset %d: damage, not a torn tail, so nothing was cut; Open WithRepair cuts the segment there and drops them)",
 					err, s.name, pos, size, dropped, first)

@@ -50,6 +50,8 @@ type Store struct {
 
 	closeMu sync.Mutex // serializes Close
 
+	id        [16]byte    // the store's identity (identity.go)
+	legacy    bool        // version 1 frames, indexes and cursor file are read
 	recovery  Recovery    // written by Open only
 	noMmap    atomic.Bool // mapping failed once: write with pwrite
 	noReserve atomic.Bool // fallocate is not supported: write with pwrite, reserving nothing
@@ -155,6 +157,9 @@ func open(dir string, cfg config) (_ *Store, err error) {
 			_ = st.Close()
 		}
 	}()
+	if err := st.loadIdentity(); err != nil {
+		return nil, err
+	}
 	if err := files.mkdirSync("topics"); err != nil {
 		return nil, err
 	}

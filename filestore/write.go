@@ -328,7 +328,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 			return fail(err)
 		}
 		for k, fi := range q.frames {
-			buf = appendFrame(buf, fi.base, fi.count, nowNano, fi.sizeSum, q.enc[q.spans[k][0]:q.spans[k][1]])
+			buf = appendFrame(buf, q.key.tag, fi.base, fi.count, nowNano, fi.sizeSum, q.enc[q.spans[k][0]:q.spans[k][1]])
 		}
 		if err := q.writeActive(act, buf, at, mapped); err != nil {
 			return fail(err)
@@ -525,7 +525,7 @@ func (q *queue) undo(touched []undo, segsBefore int) error {
 func (q *queue) roll() error {
 	q.segMu.RLock()
 	old := q.segs[len(q.segs)-1]
-	idx := encodeIndex(old)
+	idx := encodeIndex(old, q.key.tag)
 	base := old.next
 	q.segMu.RUnlock()
 	if _, err := q.seal(old); err != nil {
