@@ -118,14 +118,14 @@ func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir strin
 			err = decodeIndex(s, b, size, key)
 		}
 		if err == nil {
-			if _, err = checkTail(s, st.cfg.maxFrameBytes, key); err == nil {
+			if _, err = checkTail(s, st.cfg.maxFrameBytes, key, &st.scanBuf); err == nil {
 				return nil
 			}
 		}
 		st.cfg.log.Warn("ferry: filestore: rebuilding index", "file", iname, "err", err)
 	}
 	*s = segment{name: s.name, f: s.f, base: s.base, next: s.base}
-	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key)
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key, &st.scanBuf)
 	if err != nil {
 		return fmt.Errorf("%w (%s at byte %d of %d, not the newest segment)", err, s.name, pos, size)
 	}
@@ -147,7 +147,7 @@ func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir strin
 // recoverNewest reads the newest segment of a queue and cuts it at the
 // first torn or bad frame.
 func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasIndex bool, qdir string, key frameKey) error {
-	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key)
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key, &st.scanBuf)
 	if err != nil && !errors.Is(err, ferry.ErrCorrupt) {
 		return fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
 	}

@@ -159,8 +159,13 @@ func (s *frameScanner) fill(n int) error {
 // without a gap, and accounts for them in s. It stops at limit bytes, or at
 // the first bad frame, whose error it returns with the frame's position; s
 // then describes the good prefix.
-func scanSegment(s *segment, limit int64, maxFrame, interval int, key frameKey) (int64, error) {
+//
+// buf is the scan buffer, shared by the scans of one recovery and kept
+// there (grown if a frame needs more).
+func scanSegment(s *segment, limit int64, maxFrame, interval int, key frameKey, buf *[]byte) (int64, error) {
 	sc := newFrameScanner(s.f, 0, limit, maxFrame, key)
+	sc.buf = *buf
+	defer func() { *buf = sc.buf }()
 	want := s.base
 	for {
 		pos := sc.pos()
@@ -260,12 +265,14 @@ func findFrame(r io.ReaderAt, win []byte, from, size, want int64, maxFrame, chun
 
 // checkTail reads the frames of a sealed segment from its last index entry
 // to its end, checking that they run on without a gap and end at s.next.
-func checkTail(s *segment, maxFrame int, key frameKey) (int64, error) {
+func checkTail(s *segment, maxFrame int, key frameKey, buf *[]byte) (int64, error) {
 	e := indexEntry{off: s.base}
 	if len(s.index) > 0 {
 		e = s.index[len(s.index)-1]
 	}
 	sc := newFrameScanner(s.f, e.pos, s.size, maxFrame, key)
+	sc.buf = *buf
+	defer func() { *buf = sc.buf }()
 	want := e.off
 	for {
 		pos := sc.pos()

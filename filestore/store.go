@@ -53,6 +53,7 @@ type Store struct {
 	id        [16]byte    // the store's identity (identity.go)
 	legacy    bool        // version 1 frames, indexes and cursor file are read
 	recovery  Recovery    // written by Open only
+	scanBuf   []byte      // the scan buffer of recoveries, shared by their segments; Open's, or under mu
 	noMmap    atomic.Bool // mapping failed once: write with pwrite
 	noReserve atomic.Bool // fallocate is not supported: write with pwrite, reserving nothing
 	cursors   *cursorStore
@@ -166,6 +167,7 @@ func open(dir string, cfg config) (_ *Store, err error) {
 	if err := st.load(); err != nil {
 		return nil, err
 	}
+	st.scanBuf = nil
 	if st.cursors, err = openCursors(st); err != nil {
 		return nil, err
 	}
@@ -291,6 +293,7 @@ func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int)
 		return nil, fmt.Errorf("ferry: open queue %s: %w", id, err)
 	}
 	q, err := st.recoverQueue(id, ret)
+	st.scanBuf = nil
 	if err != nil {
 		return nil, fmt.Errorf("ferry: open queue %s: %w", id, err)
 	}
