@@ -323,7 +323,11 @@ func (q *queue) Close() error {
 	}
 	q.segMu.Lock()
 	for _, s := range q.segs {
-		errs = append(errs, s.f.Close())
+		if s.f != nil {
+			errs = append(errs, s.f.Close())
+		} else {
+			errs = append(errs, q.st.fds.drop(s))
+		}
 	}
 	q.segsClosed = true
 	q.segMu.Unlock()

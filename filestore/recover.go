@@ -104,6 +104,10 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 			return nil, err
 		}
 	}
+	for _, s := range segs[:len(segs)-1] { // sealed: read through the cache
+		st.fds.put(s, s.f)
+		s.f = nil
+	}
 	return newQueue(st, id, qdir, segs, ret), nil
 }
 

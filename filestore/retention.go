@@ -160,7 +160,7 @@ func (q *queue) retain(now time.Time) error {
 	var errs []error
 	q.syncMu.Lock() // a SyncEvery sync may still be on a dropped file
 	for _, s := range drop {
-		errs = append(errs, s.f.Close())
+		errs = append(errs, q.st.fds.drop(s))
 	}
 	q.syncMu.Unlock()
 	// Oldest first and none after a failure, so that the segments left

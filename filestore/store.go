@@ -25,6 +25,7 @@ import (
 // Store is a [ferry.Storage] and a [ferry.CursorStore] over one directory:
 //
 //	<dir>/LOCK                            flock held while open
+//	<dir>/STORE                           the store's identity (identity.go)
 //	<dir>/cursors                         every cursor, replaced atomically
 //	<dir>/topics/<topic>/meta             the topic's metadata
 //	<dir>/topics/<topic>/<queue>/%020d.log    segments, named by base offset
@@ -39,7 +40,8 @@ type Store struct {
 	cfg   config
 	dir   string
 	root  *os.Root
-	files fsys // root, through the fault hook
+	files fsys     // root, through the fault hook
+	fds   *fdCache // descriptors of sealed segments
 	lock  *os.File
 
 	mu       sync.Mutex // guards topics, queues, closed and closeErr
@@ -149,7 +151,7 @@ func open(dir string, cfg config) (_ *Store, err error) {
 		return nil, err
 	}
 	st := &Store{
-		cfg: cfg, dir: dir, root: root, files: files, lock: lock,
+		cfg: cfg, dir: dir, root: root, files: files, lock: lock, fds: newFDCache(root, cfg.maxOpenSegs),
 		topics: map[string]ferry.TopicMeta{},
 		queues: map[ferry.QueueID]*queue{},
 	}
@@ -380,6 +382,7 @@ func (st *Store) Close() error {
 	if st.cursors != nil {
 		errs = append(errs, st.cursors.close())
 	}
+	errs = append(errs, st.fds.closeAll())
 	errs = append(errs, st.lock.Close(), st.root.Close())
 	err := errors.Join(errs...)
 	if err != nil {

@@ -72,7 +72,7 @@ func (q *queue) run() {
 			act := q.segs[len(q.segs)-1]
 			q.syncMu.Lock()
 			q.wmu.Unlock()
-			if dirty {
+			if dirty && act.f != nil { // nil: reopening it failed in an undo
 				if err := q.st.files.sync(act.f); err != nil {
 					q.fail(err)
 				}
@@ -433,6 +433,9 @@ func (q *queue) syncActive() error {
 	act := q.segs[len(q.segs)-1]
 	q.segMu.RUnlock()
 	q.dirty = false
+	if act.f == nil { // reopening it failed in an undo: the queue failed
+		return nil
+	}
 	start := time.Now()
 	err := q.st.files.sync(act.f)
 	q.lastSync = time.Since(start)
@@ -494,10 +497,19 @@ func (q *queue) undo(touched []undo, segsBefore int) error {
 		}
 	}
 	act := q.segs[len(q.segs)-1]
+	var err error
 	if rolled { // sealed by this write: it is the newest again
 		_ = files.remove(indexName(q.dir, act.base))
+		f := q.st.fds.take(act)
+		if f == nil {
+			f, err = files.openFile(act.name, os.O_RDWR, 0)
+		}
+		if err == nil {
+			q.segMu.Lock()
+			act.f = f
+			q.segMu.Unlock()
+		}
 	}
-	var err error
 	q.segMu.Lock()
 	q.mu.Lock()
 	for _, u := range touched {
@@ -505,7 +517,7 @@ func (q *queue) undo(touched []undo, segsBefore int) error {
 		if s != act {
 			continue // removed above
 		}
-		if err == nil && u.size < max(s.alloc, s.size) {
+		if err == nil && s.f != nil && u.size < max(s.alloc, s.size) {
 			err = files.truncate(s.f, u.size)
 		}
 		s.alloc = min(s.alloc, u.size)
@@ -547,9 +559,16 @@ func (q *queue) roll() error {
 		return err
 	}
 	s := &segment{name: name, f: f, base: base, next: base}
+	// The old segment's descriptor goes to the cache of sealed ones (a
+	// SyncEvery sync still on it finishes first).
+	q.syncMu.Lock()
 	q.segMu.Lock()
 	q.segs = append(q.segs, s)
+	oldf := old.f
+	old.f = nil
 	q.segMu.Unlock()
+	q.syncMu.Unlock()
+	q.st.fds.put(old, oldf)
 	if err := files.syncDir(q.dir); err != nil {
 		return err
 	}
