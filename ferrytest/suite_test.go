@@ -94,6 +94,22 @@ var brokenCases = map[string]brokenCase{
 		},
 		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Reopen",
 	},
+	"storage-queue-in-a-byte": {
+		run: func(t *testing.T) {
+			ferrytest.TestStorage(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.Storage {
+				return byteQueueStorage{ferry.NewMemoryStorage()}
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/WideQueues",
+	},
+	"storage-names-truncated": {
+		run: func(t *testing.T) {
+			ferrytest.TestStorage(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.Storage {
+				return truncatedStorage{ferry.NewMemoryStorage()}
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/SharedPrefixes",
+	},
 	"cursor-unset-zero": {
 		run: func(t *testing.T) {
 			ferrytest.TestCursorStore(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.CursorStore {
@@ -372,4 +388,45 @@ func (s byteQueueCursorStore) Commit(ctx context.Context, topic, group string, q
 		return err
 	}
 	return s.persistentCursorStore.Commit(ctx, topic, group, int(byte(queue)), offset)
+}
+
+// idQueue is a queue that reports another ID.
+type idQueue struct {
+	ferry.Queue
+	id ferry.QueueID
+}
+
+func (q idQueue) ID() ferry.QueueID { return q.id }
+
+// byteQueueStorage keeps the queue index in a byte: queues 44 and 300
+// share one log.
+type byteQueueStorage struct{ *ferry.MemoryStorage }
+
+func (s byteQueueStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	if queue < 0 || queue >= meta.Queues {
+		return s.MemoryStorage.OpenQueue(ctx, meta, queue)
+	}
+	q, err := s.MemoryStorage.OpenQueue(ctx, meta, int(byte(queue)))
+	if err != nil {
+		return nil, err
+	}
+	return idQueue{q, ferry.QueueID{Topic: meta.Name, Queue: queue}}, nil
+}
+
+// truncatedStorage keeps the queues of a topic under the first 8 bytes of
+// its name: topics that share them share logs.
+type truncatedStorage struct{ *ferry.MemoryStorage }
+
+func (s truncatedStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	if err := meta.Validate(); err != nil || queue < 0 || queue >= meta.Queues {
+		return s.MemoryStorage.OpenQueue(ctx, meta, queue)
+	}
+	cut := meta
+	cut.Name = cut8(meta.Name)
+	cut.Queues = ferry.MaxQueues
+	q, err := s.MemoryStorage.OpenQueue(ctx, cut, queue)
+	if err != nil {
+		return nil, err
+	}
+	return idQueue{q, ferry.QueueID{Topic: meta.Name, Queue: queue}}, nil
 }
