@@ -128,5 +128,9 @@
 // Each queue keeps its most recent messages decoded in memory
 // ([WithCache]); readers that keep up get the stored pointers, shared like
 // the memory queue's. Older messages are read from disk through the sparse
-// index and decoded for each Read.
+// index and decoded for each Read. Sealed segments are opened when read,
+// their descriptors kept in a cache shared by the store's queues that
+// closes the least recently used beyond [WithMaxOpenSegments]: a store
+// keeps as many segments as retention lets it, with a bounded number of
+// open files.
 package filestore

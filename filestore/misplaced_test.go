@@ -182,6 +182,23 @@ func TestMisplacedFiles(t *testing.T) {
 			},
 		},
 		{
+			name: "index from another store: repaired (rebuilt), nothing lost",
+			damage: func(t *testing.T, dir, other string) {
+				fi, ti := queueFiles(t, other, "t", 0, ".index"), queueFiles(t, dir, "t", 0, ".index")
+				copyFile(t, fi[1], ti[1])
+			},
+			check: func(t *testing.T, dir string) {
+				st, err := filestore.Open(dir, corruptOptions()...)
+				require.NoError(t, err)
+				defer st.Close()
+				assert.Len(t, st.Recovery().RebuiltIndexes, 1)
+				require.NoError(t, st.Close())
+				err, reads := neverServed(t, dir)
+				require.NoError(t, err)
+				assert.Zero(t, reads)
+			},
+		},
+		{
 			name: "cursor file from another store: detected at Open",
 			damage: func(t *testing.T, dir, other string) {
 				copyFile(t, filepath.Join(other, "cursors"), filepath.Join(dir, "cursors"))

@@ -160,6 +160,9 @@ func (q *queue) retain(now time.Time) error {
 	var errs []error
 	q.syncMu.Lock() // a SyncEvery sync may still be on a dropped file
 	for _, s := range drop {
+		if s.f != nil {
+			errs = append(errs, s.f.Close())
+		}
 		errs = append(errs, q.st.fds.drop(s))
 	}
 	q.syncMu.Unlock()
