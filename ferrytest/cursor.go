@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -31,11 +32,16 @@ type CursorStoreOpener func(t *testing.T, dir string) ferry.CursorStore
 //   - Invalid: a bad topic name or negative queue count is
 //     [ferry.ErrInvalidTopic]; an empty group, a negative queue or offset is
 //     an error; none changes anything.
+//   - SharedPrefixes: topics and groups whose names share a long prefix
+//     (up to the longest name allowed) keep apart.
+//   - WideQueues: queue indexes past a byte (256 and up, to
+//     [ferry.MaxQueues]-1) keep apart from those below.
 //   - CallerOwnsSlice: changing the slice Load returned changes nothing.
 //   - Concurrent: concurrent commits to many queues and groups all land;
 //     concurrent commits to one queue leave one of the offsets committed.
 //   - Reopen: after Close, opening the same dir works; with
-//     [Features].Persistent every commit comes back.
+//     [Features].Persistent every commit comes back, long names and wide
+//     queue indexes included.
 //   - Close: Close twice returns nil; afterwards Load and Commit return
 //     [ferry.ErrClosed].
 func TestCursorStore(t *testing.T, f Features, open CursorStoreOpener) {
@@ -45,6 +51,8 @@ func TestCursorStore(t *testing.T, f Features, open CursorStoreOpener) {
 	run(t, f, "RoundTrip", cs.roundTrip)
 	run(t, f, "Replace", cs.replace)
 	run(t, f, "Invalid", cs.invalid)
+	run(t, f, "SharedPrefixes", cs.sharedPrefixes)
+	run(t, f, "WideQueues", cs.wideQueues)
 	run(t, f, "CallerOwnsSlice", cs.callerOwnsSlice)
 	run(t, f, "Concurrent", cs.concurrent)
 	run(t, f, "Reopen", cs.reopen)
@@ -157,6 +165,59 @@ func (s *cursorSuite) invalid(t *testing.T, w *watchdog) {
 	wantCursor(t, w, cs, "orders", "billing", 10, -1)
 }
 
+// longNames are topic and group names that share long prefixes: up to
+// the longest topic (249 bytes) and group (255 bytes) allowed.
+func longNames() (topics, groups []string) {
+	long := strings.Repeat("t", 240)
+	topics = []string{"orders.europe.west", "orders.europe.east", "orders.europe", long + "-a", long + "-bbbbbbb"}
+	groups = []string{"billing-service-a", "billing-service-b", "billing-service", strings.Repeat("g", 254) + "a", strings.Repeat("g", 254) + "b"}
+	return topics, groups
+}
+
+func (s *cursorSuite) sharedPrefixes(t *testing.T, w *watchdog) {
+	cs := s.openAt(t, w, t.TempDir())
+	topics, groups := longNames()
+	for i, topic := range topics {
+		for j, group := range groups {
+			commit(t, w, cs, topic, group, 0, int64(100*i+j))
+		}
+	}
+	for i, topic := range topics {
+		for j, group := range groups {
+			wantCursor(t, w, cs, topic, group, int64(100*i+j))
+		}
+	}
+}
+
+// wideQueues are queue indexes that agree in their low byte or bytes.
+var wideQueues = []int{0, 1, 44, 255, 256, 257, 300, 511, 512, 0xff00, ferry.MaxQueues - 1}
+
+func (s *cursorSuite) wideQueues(t *testing.T, w *watchdog) {
+	cs := s.openAt(t, w, t.TempDir())
+	for i, q := range wideQueues {
+		commit(t, w, cs, "orders", "billing", q, int64(1000+i))
+	}
+	checkWideQueues(t, w, cs, "orders", "billing")
+}
+
+func checkWideQueues(t *testing.T, w *watchdog, cs ferry.CursorStore, topic, group string) {
+	t.Helper()
+	got, err := cs.Load(w.ctx, topic, group, ferry.MaxQueues)
+	must(t, err, fmt.Sprintf("Load(%s, %s, %d)", topic, group, ferry.MaxQueues))
+	if len(got) != ferry.MaxQueues {
+		t.Fatalf("Load(%s, %s, %d) returned %d offsets", topic, group, ferry.MaxQueues, len(got))
+	}
+	for q, off := range got {
+		want := int64(-1)
+		if i := slices.Index(wideQueues, q); i >= 0 {
+			want = int64(1000 + i)
+		}
+		if off != want {
+			t.Fatalf("Load(%s, %s, %d)[%d] = %d, want %d (queues committed: %v)", topic, group, ferry.MaxQueues, q, off, want, wideQueues)
+		}
+	}
+}
+
 func (s *cursorSuite) callerOwnsSlice(t *testing.T, w *watchdog) {
 	cs := s.openAt(t, w, t.TempDir())
 	commit(t, w, cs, "orders", "billing", 1, 9)
@@ -213,6 +274,13 @@ func (s *cursorSuite) reopen(t *testing.T, w *watchdog) {
 	commit(t, w, cs, "orders", "billing", 2, 7)
 	commit(t, w, cs, "orders", "billing", 2, 8)
 	commit(t, w, cs, "payments", "shipping", 1, 3)
+	topics, groups := longNames()
+	for i, topic := range topics {
+		commit(t, w, cs, topic, groups[i], 0, int64(i))
+	}
+	for i, q := range wideQueues {
+		commit(t, w, cs, "wide", "billing", q, int64(1000+i))
+	}
 	must(t, cs.Close(), "Close")
 	cs = s.openAt(t, w, dir)
 	if !s.f.Persistent {
@@ -222,6 +290,16 @@ func (s *cursorSuite) reopen(t *testing.T, w *watchdog) {
 	}
 	wantCursor(t, w, cs, "orders", "billing", 5, -1, 8)
 	wantCursor(t, w, cs, "payments", "shipping", -1, 3)
+	for i, topic := range topics {
+		for j, group := range groups {
+			want := int64(-1)
+			if i == j {
+				want = int64(i)
+			}
+			wantCursor(t, w, cs, topic, group, want)
+		}
+	}
+	checkWideQueues(t, w, cs, "wide", "billing")
 	commit(t, w, cs, "orders", "billing", 1, 1)
 	wantCursor(t, w, cs, "orders", "billing", 5, 1, 8)
 }

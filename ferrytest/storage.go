@@ -3,7 +3,9 @@ package ferrytest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +31,12 @@ type StorageOpener func(t *testing.T, dir string) ferry.Storage
 //     outside [0, meta.Queues), is [ferry.ErrInvalidTopic] and changes
 //     nothing.
 //   - OpenQueue: queues open empty with the right ID, each its own log.
+//   - SharedPrefixes: topics whose names share a long prefix (up to the
+//     longest name allowed) keep their own metadata and logs, through a
+//     reopen when [Features].Persistent.
+//   - WideQueues: queues whose indexes agree in their low byte (44, 300,
+//     556) keep their own logs, through a reopen when
+//     [Features].Persistent.
 //   - Reopen: after Close, opening the same dir works; with
 //     [Features].Persistent the topics, every queue's messages and offsets
 //     come back, and writing goes on at the next offset.
@@ -45,6 +53,8 @@ func TestStorage(t *testing.T, f Features, open StorageOpener) {
 	run(t, f, "Topics", ss.topics)
 	run(t, f, "Invalid", ss.invalid)
 	run(t, f, "OpenQueue", ss.openQueue)
+	run(t, f, "SharedPrefixes", ss.sharedPrefixes)
+	run(t, f, "WideQueues", ss.wideQueues)
 	run(t, f, "Reopen", ss.reopen)
 	run(t, f, "Concurrent", ss.concurrent)
 	run(t, f, "Close", ss.close)
@@ -175,6 +185,62 @@ func (s *storageSuite) openQueue(t *testing.T, w *watchdog) {
 	wantOffsets(t, q1, 0, 1)
 	wantMessages(t, readRange(t, w.ctx, q0, 0, 3, 8), m0)
 	wantMessages(t, readRange(t, w.ctx, q1, 0, 1, 8), m1)
+}
+
+// ownLogs writes distinct messages to queue qs[k] of metas[k], for every
+// k, then checks each holds its own, again after a reopen of dir when
+// the storage is persistent.
+func (s *storageSuite) ownLogs(t *testing.T, w *watchdog, metas []ferry.TopicMeta, qs []int) {
+	t.Helper()
+	dir := t.TempDir()
+	st := s.openAt(t, w, dir)
+	written := make([][]*ferry.EnhancedMessage, len(metas))
+	for k, meta := range metas {
+		must(t, st.SaveTopic(w.ctx, meta), "SaveTopic "+meta.Name)
+		q := openQueue(t, w, st, meta, qs[k])
+		written[k] = topicMessages(meta.Name, 100*k, 1+k%3)
+		write(t, w, q, written[k])
+	}
+	check := func(st ferry.Storage) {
+		t.Helper()
+		wantTopics(t, w, st, sortedMetas(metas)...)
+		for k, meta := range metas {
+			q := openQueue(t, w, st, meta, qs[k])
+			wantOffsets(t, q, 0, int64(len(written[k])))
+			wantMessages(t, readRange(t, w.ctx, q, 0, int64(len(written[k])), 8), written[k])
+		}
+	}
+	check(st)
+	if !s.f.Persistent {
+		return
+	}
+	must(t, st.Close(), "Close storage")
+	check(s.openAt(t, w, dir))
+}
+
+func sortedMetas(metas []ferry.TopicMeta) []ferry.TopicMeta {
+	out := slices.Clone(metas)
+	slices.SortFunc(out, func(a, b ferry.TopicMeta) int { return strings.Compare(a.Name, b.Name) })
+	return slices.CompactFunc(out, func(a, b ferry.TopicMeta) bool { return a.Name == b.Name })
+}
+
+func (s *storageSuite) sharedPrefixes(t *testing.T, w *watchdog) {
+	topics, _ := longNames()
+	metas := make([]ferry.TopicMeta, len(topics))
+	for k, name := range topics {
+		metas[k] = ferry.TopicMeta{Name: name, Queues: 1 + k}
+	}
+	s.ownLogs(t, w, metas, make([]int, len(metas)))
+}
+
+func (s *storageSuite) wideQueues(t *testing.T, w *watchdog) {
+	meta := ferry.TopicMeta{Name: "wide", Queues: 600}
+	qs := []int{0, 44, 256, 300, 556, 599}
+	metas := make([]ferry.TopicMeta, len(qs))
+	for k := range metas {
+		metas[k] = meta
+	}
+	s.ownLogs(t, w, metas, qs)
 }
 
 func (s *storageSuite) reopen(t *testing.T, w *watchdog) {

@@ -3,9 +3,11 @@ package ferrytest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,6 +94,22 @@ var brokenCases = map[string]brokenCase{
 		},
 		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Reopen",
 	},
+	"storage-queue-in-a-byte": {
+		run: func(t *testing.T) {
+			ferrytest.TestStorage(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.Storage {
+				return byteQueueStorage{ferry.NewMemoryStorage()}
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/WideQueues",
+	},
+	"storage-names-truncated": {
+		run: func(t *testing.T) {
+			ferrytest.TestStorage(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.Storage {
+				return truncatedStorage{ferry.NewMemoryStorage()}
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/SharedPrefixes",
+	},
 	"cursor-unset-zero": {
 		run: func(t *testing.T) {
 			ferrytest.TestCursorStore(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.CursorStore {
@@ -107,6 +125,22 @@ var brokenCases = map[string]brokenCase{
 			})
 		},
 		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Reopen",
+	},
+	"cursor-names-truncated": {
+		run: func(t *testing.T) {
+			ferrytest.TestCursorStore(t, ferrytest.Features{Persistent: true}, func(t *testing.T, dir string) ferry.CursorStore {
+				return truncatedCursorStore{sharedMemoryCursorStore(dir)}
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/SharedPrefixes",
+	},
+	"cursor-queue-in-a-byte": {
+		run: func(t *testing.T) {
+			ferrytest.TestCursorStore(t, ferrytest.Features{Persistent: true}, func(t *testing.T, dir string) ferry.CursorStore {
+				return byteQueueCursorStore{sharedMemoryCursorStore(dir)}
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/WideQueues",
 	},
 	"allocator-two-owners": {
 		run: func(t *testing.T) {
@@ -246,4 +280,153 @@ func (s zeroCursorStore) Load(ctx context.Context, topic, group string, queues i
 		offs[i] = max(o, 0)
 	}
 	return offs, err
+}
+
+// persistentCursors keeps a memory cursor store per directory, so that
+// the broken stores below are persistent and fail only where broken.
+var persistentCursors sync.Map // dir -> *memoryCursors
+
+// memoryCursors is a memory cursor store whose commits outlive Close, kept
+// per directory: a persistent store for the suite.
+type memoryCursors struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
+
+type persistentCursorStore struct {
+	c      *memoryCursors
+	closed atomic.Bool
+}
+
+func sharedMemoryCursorStore(dir string) *persistentCursorStore {
+	c, _ := persistentCursors.LoadOrStore(dir, &memoryCursors{m: map[string]int64{}})
+	return &persistentCursorStore{c: c.(*memoryCursors)}
+}
+
+func cursorKey(topic, group string, queue int) string {
+	return fmt.Sprintf("%q %q %d", topic, group, queue)
+}
+
+func (s *persistentCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+		return nil, err
+	}
+	if s.closed.Load() {
+		return nil, ferry.ErrClosed
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	out := make([]int64, queues)
+	for i := range out {
+		off, ok := s.c.m[cursorKey(topic, group, i)]
+		if !ok {
+			off = -1
+		}
+		out[i] = off
+	}
+	return out, nil
+}
+
+func (s *persistentCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+		return err
+	}
+	if offset < 0 {
+		return ferry.ErrOffsetOutOfRange
+	}
+	if s.closed.Load() {
+		return ferry.ErrClosed
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	s.c.m[cursorKey(topic, group, queue)] = offset
+	return nil
+}
+
+func (s *persistentCursorStore) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+// truncatedCursorStore keeps only the first 8 bytes of topic and group
+// names, as a fixed-width record might.
+type truncatedCursorStore struct{ *persistentCursorStore }
+
+func cut8(s string) string { return s[:min(len(s), 8)] }
+
+func (s truncatedCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+		return nil, err
+	}
+	return s.persistentCursorStore.Load(ctx, cut8(topic), cut8(group), queues)
+}
+
+func (s truncatedCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+		return err
+	}
+	return s.persistentCursorStore.Commit(ctx, cut8(topic), cut8(group), queue, offset)
+}
+
+// byteQueueCursorStore keeps the queue index in a byte.
+type byteQueueCursorStore struct{ *persistentCursorStore }
+
+func (s byteQueueCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	offs, err := s.persistentCursorStore.Load(ctx, topic, group, min(queues, 256))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, queues)
+	for i := range out {
+		out[i] = offs[byte(i)]
+	}
+	return out, nil
+}
+
+func (s byteQueueCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+		return err
+	}
+	return s.persistentCursorStore.Commit(ctx, topic, group, int(byte(queue)), offset)
+}
+
+// idQueue is a queue that reports another ID.
+type idQueue struct {
+	ferry.Queue
+	id ferry.QueueID
+}
+
+func (q idQueue) ID() ferry.QueueID { return q.id }
+
+// byteQueueStorage keeps the queue index in a byte: queues 44 and 300
+// share one log.
+type byteQueueStorage struct{ *ferry.MemoryStorage }
+
+func (s byteQueueStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	if queue < 0 || queue >= meta.Queues {
+		return s.MemoryStorage.OpenQueue(ctx, meta, queue)
+	}
+	q, err := s.MemoryStorage.OpenQueue(ctx, meta, int(byte(queue)))
+	if err != nil {
+		return nil, err
+	}
+	return idQueue{q, ferry.QueueID{Topic: meta.Name, Queue: queue}}, nil
+}
+
+// truncatedStorage keeps the queues of a topic under the first 8 bytes of
+// its name: topics that share them share logs.
+type truncatedStorage struct{ *ferry.MemoryStorage }
+
+func (s truncatedStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	if err := meta.Validate(); err != nil || queue < 0 || queue >= meta.Queues {
+		return s.MemoryStorage.OpenQueue(ctx, meta, queue)
+	}
+	cut := meta
+	cut.Name = cut8(meta.Name)
+	cut.Queues = ferry.MaxQueues
+	q, err := s.MemoryStorage.OpenQueue(ctx, cut, queue)
+	if err != nil {
+		return nil, err
+	}
+	return idQueue{q, ferry.QueueID{Topic: meta.Name, Queue: queue}}, nil
 }

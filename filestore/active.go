@@ -39,7 +39,7 @@ func (q *queue) mapActive(s *segment) {
 	if !useMmap || q.cfg.sync.mode == syncAlways || q.st.noMmap.Load() || q.st.noReserve.Load() || s.mm != nil || s.size >= n {
 		return
 	}
-	mm, err := mmapFile(s.f, int(n))
+	mm, err := q.st.files.mmap(s.f, int(n))
 	if err != nil {
 		q.st.noMmap.Store(true)
 		q.st.cfg.log.Info("ferry: filestore: writing with pwrite", "queue", q.id.String(), "err", err)
@@ -56,7 +56,7 @@ func (q *queue) activeBuf(s *segment, at, n int64) (buf []byte, mapped bool, err
 	end, limit := at+n, q.cfg.segmentBytes
 	if end > s.alloc && end <= limit && !q.st.noReserve.Load() {
 		r := min(limit, max(end, 2*s.alloc, minReserve))
-		err := fallocateFile(s.f, s.alloc, r-s.alloc)
+		err := q.st.files.fallocate(s.f, s.alloc, r-s.alloc)
 		switch {
 		case err == nil:
 			s.alloc = r
@@ -89,7 +89,7 @@ func (q *queue) writeActive(s *segment, buf []byte, at int64, mapped bool) error
 		return nil
 	}
 	q.out = buf
-	if _, err := s.f.WriteAt(buf, at); err != nil {
+	if err := q.st.files.writeAt(s.f, buf, at); err != nil {
 		return err
 	}
 	s.alloc = max(s.alloc, at+int64(len(buf)))
@@ -103,7 +103,7 @@ func (q *queue) unmap(s *segment) error {
 	}
 	mm := s.mm
 	s.mm = nil
-	return munmapFile(s.f, mm)
+	return q.st.files.munmap(s.f, mm)
 }
 
 // seal unmaps s and cuts its file to its written length. It reports
@@ -116,7 +116,7 @@ func (q *queue) seal(s *segment) (cut bool, err error) {
 	if s.alloc <= s.size {
 		return false, nil
 	}
-	if err := s.f.Truncate(s.size); err != nil {
+	if err := q.st.files.truncate(s.f, s.size); err != nil {
 		return false, err
 	}
 	s.alloc = s.size

@@ -2,6 +2,7 @@ package filestore_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -195,15 +196,16 @@ func TestCorruption(t *testing.T) {
 			},
 		},
 		{
-			name: "flipped bytes in the tail of the newest segment",
+			name: "flipped bytes in the last frame of the newest segment: cut like a torn tail (lost: that frame)",
 			check: func(t *testing.T, dir string, all []*ferry.EnhancedMessage) {
 				segs := segments(t, dir)
 				newest := segs[len(segs)-1]
 				orig, err := os.ReadFile(newest)
 				require.NoError(t, err)
 				base := firstOffset(t, newest)
+				last := lastFrameAt(t, orig)
 				for range 10 {
-					at := rng.IntN(len(orig))
+					at := last + rng.IntN(len(orig)-last)
 					flipByte(t, newest, int64(at))
 					st := checkPrefix(t, dir, all, base)
 					q, err := st.OpenQueue(context.Background(), corruptMeta, 0)
@@ -214,6 +216,41 @@ func TestCorruption(t *testing.T) {
 					require.NoError(t, st.Close())
 					require.NoError(t, os.WriteFile(newest, orig, 0o600))
 				}
+			},
+		},
+		{
+			name: "a bad frame followed by good frames in the newest segment: detected, nothing cut; repaired on request (lost: the frames after it)",
+			check: func(t *testing.T, dir string, all []*ferry.EnhancedMessage) {
+				segs := segments(t, dir)
+				newest := segs[len(segs)-1]
+				base := firstOffset(t, newest)
+				flipByte(t, newest, 40) // in the first frame's messages
+				damaged, err := os.ReadFile(newest)
+				require.NoError(t, err)
+				_, err = filestore.Open(dir, corruptOptions()...)
+				require.ErrorIs(t, err, ferry.ErrCorrupt)
+				assert.Contains(t, err.Error(), filepath.Base(newest))
+				assert.Contains(t, err.Error(), "at byte 0")
+				assert.Contains(t, err.Error(), "WithRepair")
+				after, err := os.ReadFile(newest)
+				require.NoError(t, err)
+				require.Equal(t, damaged, after, "nothing is cut")
+
+				st := checkPrefix(t, dir, all, base, filestore.WithRepair())
+				tr := st.Recovery().Truncated
+				require.Len(t, tr, 1)
+				assert.True(t, tr[0].Damaged)
+				assert.Equal(t, int64(0), tr[0].At)
+				assert.Equal(t, int64(len(damaged)), tr[0].Cut)
+				// The intact frames after the bad one: all but its own messages.
+				assert.Positive(t, tr[0].Dropped)
+				assert.Less(t, tr[0].Dropped, int64(len(all))-base)
+				saved, err := os.ReadFile(filepath.Join(dir, tr[0].Saved))
+				require.NoError(t, err)
+				assert.Equal(t, damaged, saved, "the cut bytes are kept aside")
+				require.NoError(t, st.Close())
+				st = checkPrefix(t, dir, all, base)
+				assert.Empty(t, st.Recovery().Truncated)
 			},
 		},
 		{
@@ -378,6 +415,18 @@ func TestCorruption(t *testing.T) {
 			c.check(t, dir, all)
 		})
 	}
+}
+
+// lastFrameAt returns the position of the last frame of a segment's
+// bytes, walking the length fields.
+func lastFrameAt(t *testing.T, b []byte) int {
+	t.Helper()
+	last := 0
+	for pos := 0; pos < len(b); {
+		last = pos
+		pos += 8 + int(binary.LittleEndian.Uint32(b[pos:]))
+	}
+	return last
 }
 
 func fmtSscanf(name string, base *int64) (int, error) { return fmt.Sscanf(name, "%020d.log", base) }

@@ -17,15 +17,20 @@ import (
 
 // The cursor file holds every committed cursor:
 //
-//	u32 CRC-32C of what follows, u32 entry count, then per entry
+//	u32 CRC-32C of what follows, "FCR2", the store's ID (16 bytes, see
+//	identity.go), u32 entry count, then per entry
 //	u8 topic length, topic, u8 group length, group, u32 queue, u64 offset
 //
+// A cursor file of another store fails the ID check. Version 1, without
+// the magic and the ID (the count follows the CRC), is read in a store
+// upgraded from it and rewritten as version 2 at Open.
 // (group names may hold any bytes, so no text format). It is replaced
 // whole (temporary file, fsync, rename, fsync of the directory), so it is
 // either the old or the new version; a file that fails a check is damage,
 // reported as ErrCorrupt.
 const (
 	cursorFile      = "cursors"
+	cursorMagic     = "FCR2"
 	maxCursorFileSz = 256 << 20
 )
 
@@ -59,8 +64,8 @@ func openCursors(st *Store) (*cursorStore, error) {
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 	}
-	if err := st.root.Remove(cursorFile + ".tmp"); err == nil {
-		if err := syncDir(st.root, "."); err != nil {
+	if err := st.files.remove(cursorFile + ".tmp"); err == nil {
+		if err := st.files.syncDir("."); err != nil {
 			return nil, err
 		}
 	}
@@ -70,8 +75,12 @@ func openCursors(st *Store) (*cursorStore, error) {
 	case err != nil:
 		return nil, err
 	default:
-		if err := c.decode(b); err != nil {
+		v1, err := c.decode(b)
+		if err != nil {
 			return nil, fmt.Errorf("%w (file %s)", err, cursorFile)
+		}
+		if v1 {
+			c.gen++ // rewritten as version 2
 		}
 	}
 	// Clamp each cursor to its queue's retained range.
@@ -111,14 +120,28 @@ func mapKeys(m map[cursorKey]int64) func(func(cursorKey) bool) {
 	}
 }
 
-func (c *cursorStore) decode(b []byte) error {
+// decode reads a cursor file's bytes into c.m, reporting whether they
+// were of version 1.
+func (c *cursorStore) decode(b []byte) (v1 bool, err error) {
 	if len(b) < 8 || crc32.Checksum(b[4:], castagnoli) != binary.LittleEndian.Uint32(b) {
-		return fmt.Errorf("%w: cursor file checksum", ferry.ErrCorrupt)
+		return false, fmt.Errorf("%w: cursor file checksum", ferry.ErrCorrupt)
 	}
-	n := binary.LittleEndian.Uint32(b[4:])
-	b = b[8:]
+	switch {
+	case len(b) >= 28 && string(b[4:8]) == cursorMagic:
+		if [16]byte(b[8:24]) != c.st.id {
+			return false, fmt.Errorf("%w: cursor file of another store", ferry.ErrCorrupt)
+		}
+		b = b[24:]
+	case c.st.legacy:
+		v1 = true
+		b = b[4:]
+	default:
+		return false, fmt.Errorf("%w: cursor file of version 1, in a store that never wrote one", ferry.ErrCorrupt)
+	}
+	n := binary.LittleEndian.Uint32(b)
+	b = b[4:]
 	if uint64(n) > uint64(len(b))/(1+1+1+1+4+8) { // each entry takes at least 16 bytes
-		return fmt.Errorf("%w: cursor file: %d entries in %d bytes", ferry.ErrCorrupt, n, len(b))
+		return v1, fmt.Errorf("%w: cursor file: %d entries in %d bytes", ferry.ErrCorrupt, n, len(b))
 	}
 	str := func() (string, bool) {
 		if len(b) < 1 || len(b) < 1+int(b[0]) {
@@ -132,25 +155,27 @@ func (c *cursorStore) decode(b []byte) error {
 		topic, ok1 := str()
 		group, ok2 := str()
 		if !ok1 || !ok2 || len(b) < 12 {
-			return fmt.Errorf("%w: cursor file: entry %d cut short", ferry.ErrCorrupt, i)
+			return v1, fmt.Errorf("%w: cursor file: entry %d cut short", ferry.ErrCorrupt, i)
 		}
 		queue, off := int(binary.LittleEndian.Uint32(b)), int64(binary.LittleEndian.Uint64(b[4:]))
 		b = b[12:]
 		if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil || off < 0 {
-			return fmt.Errorf("%w: cursor file: entry %d (%q, %q, %d, %d)", ferry.ErrCorrupt, i, topic, group, queue, off)
+			return v1, fmt.Errorf("%w: cursor file: entry %d (%q, %q, %d, %d)", ferry.ErrCorrupt, i, topic, group, queue, off)
 		}
 		c.m[cursorKey{topic, group, queue}] = off
 	}
 	if len(b) != 0 {
-		return fmt.Errorf("%w: cursor file: %d bytes after the last entry", ferry.ErrCorrupt, len(b))
+		return v1, fmt.Errorf("%w: cursor file: %d bytes after the last entry", ferry.ErrCorrupt, len(b))
 	}
-	return nil
+	return v1, nil
 }
 
 func (c *cursorStore) encode() []byte {
 	keys := slices.SortedFunc(mapKeys(c.m), compareKeys)
-	b := make([]byte, 8, 8+len(keys)*40)
-	binary.LittleEndian.PutUint32(b[4:], uint32(len(keys)))
+	b := make([]byte, 4, 28+len(keys)*40)
+	b = append(b, cursorMagic...)
+	b = append(b, c.st.id[:]...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(keys)))
 	for _, k := range keys {
 		b = append(b, byte(len(k.topic)))
 		b = append(b, k.topic...)
@@ -209,7 +234,7 @@ func (c *cursorStore) flush(durable bool) {
 	}
 	gen, data := c.gen, c.encode()
 	c.mu.Unlock()
-	err := writeFileRename(c.st.root, cursorFile, data, durable)
+	err := c.st.files.writeFileRename(cursorFile, data, durable)
 	c.mu.Lock()
 	if err != nil {
 		c.err = fmt.Errorf("%w: write cursors: %w", ErrFailed, err)

@@ -12,7 +12,8 @@
 // folder with its metadata; per queue a folder of segment files named by
 // the offset of their first message (%020d.log), each sealed segment with
 // a sparse index (%020d.index: one entry per 4 KiB, rebuilt from the
-// segment whenever it fails a check). Topic names are checked with
+// segment whenever it fails a check). <dir>/STORE holds the store's
+// identity, a random ID written at its first Open. Topic names are checked with
 // [ferry.ValidateTopicName] before they reach the file system, and every
 // file is opened through an [os.Root], so no name leads outside the
 // directory. A flock on <dir>/LOCK makes the store exclusive: a second
@@ -21,9 +22,30 @@
 // # Frames
 //
 // A Write is stored as one frame (several when it exceeds the frame
-// bound): a length, a CRC-32C covering the offsets and the messages, then
-// the messages in the ferry codec. Every length is bounded by the frame
-// maximum and by the bytes left in the file before anything is allocated.
+// bound): a length, a CRC-32C covering the rest, the queue's tag, the
+// offsets, then the messages in the ferry codec. Every length is bounded by
+// the frame maximum and by the bytes left in the file before anything is
+// allocated. The tag is a hash of the store's ID, the topic and the queue
+// index; indexes carry it too, and the cursor file the store's ID. So a
+// frame, segment or index copied from another queue, topic or store is
+// caught at Open or on Read: an intact frame with the wrong tag is
+// [ferry.ErrCorrupt] ("written for another queue, topic or store"), never
+// served; a misplaced index is rebuilt; a misplaced cursor file is
+// ErrCorrupt.
+//
+// # Stores from before the identity (format version 1)
+//
+// A store written before frames carried a tag has no STORE file. Its next
+// Open gives it one, marked legacy: its untagged frames (version 1), its
+// indexes and its cursor file stay readable as they are, checked as before
+// (checksums covering the offsets, and every message's queue index checked
+// on read), while everything written from then on is tagged, and the
+// cursor file is rewritten with the ID at once. Nothing needs converting;
+// the old frames go with retention. Untagged frames are refused in a store
+// created with tags. (An old segment copied between queues of a legacy
+// store is caught only by the queue index in its messages; to bind all the
+// data, copy it through a new store.) Older binaries cannot read a store
+// once it has tagged frames.
 //
 // # Durability
 //
@@ -55,13 +77,34 @@
 // newest one longer, zeros after its last frame, which Open cuts like a
 // torn tail (see Recovery).
 //
+// A write that fails at any step (a full disk at the space reservation,
+// the pwrite, the fdatasync, or any call of a roll: sealing, the index
+// file, the new segment) is taken back: the segments it created are
+// removed, each removal made durable, before the segment it sealed is cut
+// back to its length before the write, so no step leaves a gap in the
+// offsets; if a step of that undo fails too, it stops, leaving frames
+// never acknowledged, which Open takes as written. The queue then fails
+// every write with [ErrFailed] until the store is opened again, and Open
+// accepts the files with every acknowledged message intact. Retention
+// deletes oldest first and stops at a failed delete, so the segments left
+// are always contiguous.
+//
 // # Recovery
 //
-// [Open] reads the newest segment of each queue and cuts it at the first
-// torn or bad frame (a zero-filled or garbage tail included, or space
-// reserved and not written), which under SyncAlways, and under any policy
-// after a crash of the process alone, only ever drops unacknowledged
-// writes. Older segments are
+// [Open] reads the newest segment of each queue and cuts a torn tail: a
+// bad frame with nothing intact after it (an incomplete frame, a
+// zero-filled or garbage tail, space reserved and not written), which
+// under SyncAlways, and under any policy after a crash of the process
+// alone, only ever drops unacknowledged writes. A bad frame followed by an
+// intact one is damage, not a torn tail: Open fails with
+// [ferry.ErrCorrupt] naming the file and byte and how many messages the
+// intact frames after it hold, and cuts nothing. An operator who accepts
+// that loss opens the store [WithRepair]: the segment is cut at the bad
+// frame, the bytes cut are first saved beside it (%020d.log.corrupt), and
+// [Store.Recovery] lists the cut with Damaged set and the messages
+// dropped. (A power loss under SyncEvery or SyncNever can leave a hole of
+// zeros before frames written later but reaching the disk first; that too
+// is reported as damage, for the operator to repair.) Older segments are
 // sealed: their index and last frames are checked at Open ([WithVerify]
 // checks every frame), and a bad frame in one is [ferry.ErrCorrupt], naming
 // the file and byte, at Open or on Read — never skipped. Committed cursors
@@ -85,5 +128,9 @@
 // Each queue keeps its most recent messages decoded in memory
 // ([WithCache]); readers that keep up get the stored pointers, shared like
 // the memory queue's. Older messages are read from disk through the sparse
-// index and decoded for each Read.
+// index and decoded for each Read. Sealed segments are opened when read,
+// their descriptors kept in a cache shared by the store's queues that
+// closes the least recently used beyond [WithMaxOpenSegments]: a store
+// keeps as many segments as retention lets it, with a bounded number of
+// open files.
 package filestore

@@ -67,15 +67,19 @@ type config struct {
 	cacheMessages int
 	cacheBytes    int64
 	verify        bool
+	repair        bool
+	maxOpenSegs   int
+	fault         func(op, name string) error // see fsys; set by tests
 	log           *slog.Logger
 }
 
 // Defaults and limits of the options.
 const (
-	DefaultSegmentBytes  = 64 << 20 // 64 MiB
-	DefaultMaxFrameBytes = 16 << 20 // 16 MiB
-	DefaultCacheMessages = 4096
-	DefaultCacheBytes    = 8 << 20 // 8 MiB
+	DefaultSegmentBytes    = 64 << 20 // 64 MiB
+	DefaultMaxFrameBytes   = 16 << 20 // 16 MiB
+	DefaultCacheMessages   = 4096
+	DefaultCacheBytes      = 8 << 20 // 8 MiB
+	DefaultMaxOpenSegments = 256
 
 	maxSegmentBytes  = 1 << 30   // offsets in the index are 32-bit
 	maxMaxFrameBytes = 256 << 20 // 256 MiB
@@ -113,6 +117,26 @@ func WithCache(messages int, bytes int64) Option {
 // one).
 func WithVerify() Option { return func(c *config) { c.verify = true } }
 
+// WithRepair lets Open cut damage in the newest segment of a queue that is
+// not a torn tail: a bad frame followed by intact ones, which Open
+// otherwise refuses with [ferry.ErrCorrupt], cutting nothing. With it, the
+// segment is cut at the bad frame, dropping every message after it (the
+// intact frames included); the bytes cut are first saved beside the
+// segment (%020d.log.corrupt), and [Store.Recovery] lists the cut as a
+// [Truncation] with Damaged set and how many messages of intact frames
+// were dropped. It is for an operator who has read the error and accepts
+// the loss. Damage in an older segment is never cut: it stays
+// ErrCorrupt. Default: off.
+func WithRepair() Option { return func(c *config) { c.repair = true } }
+
+// WithMaxOpenSegments bounds how many sealed segments, across all the
+// store's queues, keep a file descriptor open between reads. Sealed
+// segments are opened when read and their descriptors kept in a cache
+// that closes the least recently used beyond n, so unlimited retention
+// does not mean unlimited descriptors; each open queue also holds one
+// for its active segment. Default: [DefaultMaxOpenSegments]; at least 1.
+func WithMaxOpenSegments(n int) Option { return func(c *config) { c.maxOpenSegs = n } }
+
 // WithLogger sets where recovery events (a cut torn tail, a rebuilt index,
 // a clamped cursor) are logged, besides [Store.Recovery]. Default: discard.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
@@ -125,6 +149,7 @@ func newConfig(opts []Option) (config, error) {
 		indexInterval: 4096,
 		cacheMessages: DefaultCacheMessages,
 		cacheBytes:    DefaultCacheBytes,
+		maxOpenSegs:   DefaultMaxOpenSegments,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -143,6 +168,8 @@ func newConfig(opts []Option) (config, error) {
 		return c, fmt.Errorf("%w: segment bytes %d not in [4 KiB, 1 GiB]", ferry.ErrInvalidOption, c.segmentBytes)
 	case c.maxFrameBytes < minMaxFrameBytes || c.maxFrameBytes > maxMaxFrameBytes:
 		return c, fmt.Errorf("%w: max frame bytes %d not in [4 KiB, 256 MiB]", ferry.ErrInvalidOption, c.maxFrameBytes)
+	case c.maxOpenSegs < 1:
+		return c, fmt.Errorf("%w: max open segments %d below 1", ferry.ErrInvalidOption, c.maxOpenSegs)
 	case c.cacheMessages < 0 || c.cacheBytes < 0:
 		return c, fmt.Errorf("%w: negative cache size", ferry.ErrInvalidOption)
 	}

@@ -2,6 +2,7 @@ package filestore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -152,13 +153,27 @@ func TestSimulatedPowerLoss(t *testing.T) {
 }
 
 // framesEnd returns the length of the whole frames at the start of f, of
-// size bytes: the file's length unless space is reserved after them.
+// size bytes: the file's length unless space is reserved after them. It
+// checks lengths and checksums, whatever queue the frames carry.
 func framesEnd(f *os.File, size int64) int64 {
-	sc := newFrameScanner(f, 0, size, DefaultMaxFrameBytes)
-	for {
-		pos := sc.pos()
-		if _, _, err := sc.next(); err != nil {
+	var pos int64
+	for pos+framePrefix <= size {
+		var p [framePrefix]byte
+		if _, err := f.ReadAt(p[:], pos); err != nil {
 			return pos
 		}
+		n, err := frameLen(p[:], DefaultMaxFrameBytes, size-pos)
+		if err != nil {
+			return pos
+		}
+		b := make([]byte, n)
+		if _, err := f.ReadAt(b, pos); err != nil {
+			return pos
+		}
+		if _, _, err := decodeFrame(b, DefaultMaxFrameBytes, frameKey{}); err != nil && !errors.Is(err, errMisplaced) {
+			return pos
+		}
+		pos += int64(n)
 	}
+	return pos
 }

@@ -22,6 +22,7 @@ type queue struct {
 	st  *Store
 	dir string // folder within the store's root
 	cfg *config
+	key frameKey // what its frames carry
 
 	// segMu guards segs and segsClosed; disk reads hold it shared. A
 	// segment's accounting (next, size, sizeSum, times, index) changes
@@ -130,7 +131,7 @@ type writeRes struct {
 // newQueue starts the writer goroutine of a recovered queue.
 func newQueue(st *Store, id ferry.QueueID, dir string, segs []*segment, ret ferry.Retention) *queue {
 	q := &queue{
-		id: id, st: st, dir: dir, cfg: &st.cfg, segs: segs, ret: ret,
+		id: id, st: st, dir: dir, cfg: &st.cfg, key: st.key(id), segs: segs, ret: ret,
 		oldest:  segs[0].base,
 		next:    segs[len(segs)-1].next,
 		reqs:    make(chan *writeReq, reqsBuffer),
@@ -322,7 +323,11 @@ func (q *queue) Close() error {
 	}
 	q.segMu.Lock()
 	for _, s := range q.segs {
-		errs = append(errs, s.f.Close())
+		if s.f != nil {
+			errs = append(errs, s.f.Close())
+		} else {
+			errs = append(errs, q.st.fds.drop(s))
+		}
 	}
 	q.segsClosed = true
 	q.segMu.Unlock()

@@ -3,6 +3,7 @@ package filestore
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -17,7 +18,7 @@ import (
 // and a first segment when missing, and starts the queue.
 func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, error) {
 	qdir := path.Join("topics", id.Topic, strconv.Itoa(id.Queue))
-	if err := mkdirSync(st.root, qdir); err != nil {
+	if err := st.files.mkdirSync(qdir); err != nil {
 		return nil, err
 	}
 	entries, err := fs.ReadDir(st.root.FS(), qdir)
@@ -31,7 +32,7 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 		n := e.Name()
 		switch {
 		case strings.HasSuffix(n, ".tmp"):
-			_ = st.root.Remove(path.Join(qdir, n))
+			_ = st.files.remove(path.Join(qdir, n))
 			removed = true
 		case len(n) == 24 && strings.HasSuffix(n, ".log"):
 			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
@@ -44,6 +45,7 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 		}
 	}
 	slices.Sort(bases)
+	key := st.key(id)
 	var segs []*segment
 	closeAll := func() {
 		for _, s := range segs {
@@ -52,11 +54,11 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 	}
 	if len(bases) == 0 {
 		name := segmentName(qdir, 0)
-		f, err := st.root.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+		f, err := st.files.openFile(name, os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {
 			return nil, err
 		}
-		if err := syncDir(st.root, qdir); err != nil {
+		if err := st.files.syncDir(qdir); err != nil {
 			_ = f.Close()
 			return nil, err
 		}
@@ -64,7 +66,7 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 	}
 	for i, base := range bases {
 		name := segmentName(qdir, base)
-		f, err := st.root.OpenFile(name, os.O_RDWR, 0)
+		f, err := st.files.openFile(name, os.O_RDWR, 0)
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -81,9 +83,9 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 			return nil, err
 		}
 		if i < len(bases)-1 {
-			err = st.recoverSealed(s, fi.Size(), indexes[base], qdir)
+			err = st.recoverSealed(s, fi.Size(), indexes[base], qdir, key)
 		} else {
-			err = st.recoverNewest(id, s, fi.Size(), indexes[base], qdir)
+			err = st.recoverNewest(id, s, fi.Size(), indexes[base], qdir, key)
 		}
 		if err != nil {
 			closeAll()
@@ -92,15 +94,19 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 	}
 	for b := range indexes { // orphans of deleted segments
 		if !slices.Contains(bases, b) {
-			_ = st.root.Remove(indexName(qdir, b))
+			_ = st.files.remove(indexName(qdir, b))
 			removed = true
 		}
 	}
 	if removed {
-		if err := syncDir(st.root, qdir); err != nil {
+		if err := st.files.syncDir(qdir); err != nil {
 			closeAll()
 			return nil, err
 		}
+	}
+	for _, s := range segs[:len(segs)-1] { // sealed: read through the cache
+		st.fds.put(s, s.f)
+		s.f = nil
 	}
 	return newQueue(st, id, qdir, segs, ret), nil
 }
@@ -108,34 +114,34 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 // recoverSealed loads the index of a sealed segment and checks its tail;
 // if either fails, or WithVerify is on, it reads the whole segment, where
 // a bad frame is ErrCorrupt, and rewrites the index.
-func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir string) error {
+func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir string, key frameKey) error {
 	if hasIndex && !st.cfg.verify {
 		iname := indexName(qdir, s.base)
-		b, err := readBounded(st.root, iname, indexHeader+4+8*(size/frameHeader+1))
+		b, err := readBounded(st.root, iname, indexHeader+4+8*(size/frameHeaderV1+1))
 		if err == nil {
-			err = decodeIndex(s, b, size)
+			err = decodeIndex(s, b, size, key)
 		}
 		if err == nil {
-			if _, err = checkTail(s, st.cfg.maxFrameBytes); err == nil {
+			if _, err = checkTail(s, st.cfg.maxFrameBytes, key, &st.scanBuf); err == nil {
 				return nil
 			}
 		}
 		st.cfg.log.Warn("ferry: filestore: rebuilding index", "file", iname, "err", err)
 	}
 	*s = segment{name: s.name, f: s.f, base: s.base, next: s.base}
-	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval)
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key, &st.scanBuf)
 	if err != nil {
 		return fmt.Errorf("%w (%s at byte %d of %d, not the newest segment)", err, s.name, pos, size)
 	}
 	if hasIndex && st.cfg.verify {
 		chk := segment{base: s.base}
-		if b, err := readBounded(st.root, indexName(qdir, s.base), indexHeader+4+8*(size/frameHeader+1)); err == nil && decodeIndex(&chk, b, size) == nil &&
+		if b, err := readBounded(st.root, indexName(qdir, s.base), indexHeader+4+8*(size/frameHeaderV1+1)); err == nil && decodeIndex(&chk, b, size, key) == nil &&
 			chk.next == s.next && chk.sizeSum == s.sizeSum && slices.Equal(chk.index, s.index) {
 			return nil
 		}
 	}
 	iname := indexName(qdir, s.base)
-	if err := writeFileRename(st.root, iname, encodeIndex(s), false); err != nil {
+	if err := st.files.writeFileRename(iname, encodeIndex(s, key.tag), false); err != nil {
 		return err
 	}
 	st.recovery.RebuiltIndexes = append(st.recovery.RebuiltIndexes, iname)
@@ -144,26 +150,70 @@ func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir strin
 
 // recoverNewest reads the newest segment of a queue and cuts it at the
 // first torn or bad frame.
-func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasIndex bool, qdir string) error {
-	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval)
+func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasIndex bool, qdir string, key frameKey) error {
+	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key, &st.scanBuf)
 	if err != nil && !errors.Is(err, ferry.ErrCorrupt) {
 		return fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
 	}
 	if err != nil {
-		if err := s.f.Truncate(pos); err != nil {
+		// A torn tail has nothing intact after the bad point; intact
+		// frames after it make it damage, cut only on request.
+		found, dropped, first, serr := intactAfter(s.f, pos, size, s.next, st.cfg.maxFrameBytes, key)
+		if serr != nil {
+			return fmt.Errorf("%s at byte %d: %w", s.name, pos, serr)
+		}
+		tr := Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err, Damaged: found || errors.Is(err, errMisplaced), Dropped: dropped}
+		if tr.Damaged {
+			if !st.cfg.repair && !found {
+				return fmt.Errorf("%w (%s at byte %d of %d; nothing was cut: Open WithRepair cuts the segment there)", err, s.name, pos, size)
+			}
+			if !st.cfg.repair {
+				return fmt.Errorf("%w (%s at byte %d of %d; intact frames follow it, holding %d messages from offset %d: damage, not a torn tail, so nothing was cut; Open WithRepair cuts the segment there and drops them)",
+					err, s.name, pos, size, dropped, first)
+			}
+			tr.Saved = s.name + ".corrupt"
+			if err := st.saveCut(s, pos, size, tr.Saved, qdir); err != nil {
+				return err
+			}
+		}
+		if err := st.files.truncate(s.f, pos); err != nil {
 			return err
 		}
-		if err := syncFile(s.f); err != nil {
+		if err := st.files.sync(s.f); err != nil {
 			return err
 		}
-		st.recovery.Truncated = append(st.recovery.Truncated, Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err})
-		st.cfg.log.Warn("ferry: filestore: cut torn tail", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "err", err)
+		st.recovery.Truncated = append(st.recovery.Truncated, tr)
+		if tr.Damaged {
+			st.cfg.log.Error("ferry: filestore: repaired damage, dropping intact frames", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "dropped", dropped, "saved", tr.Saved, "err", err)
+		} else {
+			st.cfg.log.Warn("ferry: filestore: cut torn tail", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "err", err)
+		}
 	}
 	if hasIndex { // written by a roll that did not finish; rewritten on the next
-		if err := st.root.Remove(indexName(qdir, s.base)); err != nil {
+		if err := st.files.remove(indexName(qdir, s.base)); err != nil {
 			return err
 		}
-		return syncDir(st.root, qdir)
+		return st.files.syncDir(qdir)
 	}
 	return nil
+}
+
+// saveCut copies bytes [pos, size) of s's file to name, durably, before
+// a repair cuts them.
+func (st *Store) saveCut(s *segment, pos, size int64, name, qdir string) error {
+	f, err := st.files.openFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = st.files.check(opWrite, name)
+	if err == nil {
+		_, err = io.Copy(f, io.NewSectionReader(s.f, pos, size-pos))
+	}
+	if err == nil {
+		err = st.files.sync(f)
+	}
+	if err = errors.Join(err, f.Close()); err != nil {
+		return err
+	}
+	return st.files.syncDir(qdir)
 }

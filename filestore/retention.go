@@ -160,16 +160,27 @@ func (q *queue) retain(now time.Time) error {
 	var errs []error
 	q.syncMu.Lock() // a SyncEvery sync may still be on a dropped file
 	for _, s := range drop {
-		errs = append(errs, s.f.Close())
+		if s.f != nil {
+			errs = append(errs, s.f.Close())
+		}
+		errs = append(errs, q.st.fds.drop(s))
 	}
 	q.syncMu.Unlock()
+	// Oldest first and none after a failure, so that the segments left
+	// are a run without a gap in the offsets. (One directory sync for
+	// them all: journaling file systems commit the removals from one
+	// directory in order, so a crash leaves a prefix of them done.)
+	files := &q.st.files
 	for _, s := range drop {
-		errs = append(errs, q.st.root.Remove(s.name))
-		if err := q.st.root.Remove(indexName(q.dir, s.base)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := files.remove(s.name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			break
+		}
+		if err := files.remove(indexName(q.dir, s.base)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, syncDir(q.st.root, q.dir))
+	errs = append(errs, files.syncDir(q.dir))
 	return errors.Join(errs...)
 }
 

@@ -81,14 +81,15 @@ type frameScanner struct {
 	r        io.ReaderAt
 	limit    int64 // bytes of the file to scan
 	maxFrame int
+	key      frameKey
 	bufSize  int // minimum buffer; default 1 MiB
 	buf      []byte
 	bufPos   int64 // file position of buf[0]
 	rd, wr   int   // buf[rd:wr] holds unread bytes
 }
 
-func newFrameScanner(r io.ReaderAt, from, limit int64, maxFrame int) *frameScanner {
-	return &frameScanner{r: r, limit: limit, maxFrame: maxFrame, bufPos: from}
+func newFrameScanner(r io.ReaderAt, from, limit int64, maxFrame int, key frameKey) *frameScanner {
+	return &frameScanner{r: r, limit: limit, maxFrame: maxFrame, key: key, bufPos: from}
 }
 
 // pos returns the position of the next frame.
@@ -114,7 +115,7 @@ func (s *frameScanner) next() (frameInfo, []byte, error) {
 	if err := s.fill(n); err != nil {
 		return frameInfo{}, nil, err
 	}
-	fi, enc, err := decodeFrame(s.buf[s.rd:s.rd+n], s.maxFrame)
+	fi, enc, err := decodeFrame(s.buf[s.rd:s.rd+n], s.maxFrame, s.key)
 	if err != nil {
 		return frameInfo{}, nil, err
 	}
@@ -158,8 +159,13 @@ func (s *frameScanner) fill(n int) error {
 // without a gap, and accounts for them in s. It stops at limit bytes, or at
 // the first bad frame, whose error it returns with the frame's position; s
 // then describes the good prefix.
-func scanSegment(s *segment, limit int64, maxFrame, interval int) (int64, error) {
-	sc := newFrameScanner(s.f, 0, limit, maxFrame)
+//
+// buf is the scan buffer, shared by the scans of one recovery and kept
+// there (grown if a frame needs more).
+func scanSegment(s *segment, limit int64, maxFrame, interval int, key frameKey, buf *[]byte) (int64, error) {
+	sc := newFrameScanner(s.f, 0, limit, maxFrame, key)
+	sc.buf = *buf
+	defer func() { *buf = sc.buf }()
 	want := s.base
 	for {
 		pos := sc.pos()
@@ -180,14 +186,93 @@ func scanSegment(s *segment, limit int64, maxFrame, interval int) (int64, error)
 
 var errBadFrame = fmt.Errorf("%w: misplaced frame", ferry.ErrCorrupt)
 
+// intactAfter looks in r (size bytes) for intact frames after a bad one at
+// pos, in a segment whose next frame should hold offset want: frames that
+// pass every check and hold offsets from want on, or frames of another
+// queue. It reports whether it found any (none means that what follows
+// pos is a torn tail: incomplete, zero or garbage; any, that the bad frame
+// is damage), how many messages this queue's intact frames hold and the
+// first's offset. It reads the rest of the file once, in chunks, and
+// checks a checksum only where a frame's fixed fields make sense.
+func intactAfter(r io.ReaderAt, pos, size, want int64, maxFrame int, key frameKey) (found bool, msgs, first int64, err error) {
+	const chunk = 1 << 20
+	win := make([]byte, min(chunk+frameHeader, max(size-pos, 0)))
+	first = -1
+	for from := pos + 1; from+frameHeaderV1 <= size; {
+		at, err := findFrame(r, win, from, size, want, maxFrame, chunk, key)
+		if err != nil || at < 0 {
+			return found, msgs, first, err
+		}
+		found = true
+		// Whole frames from there on, until the end or the next bad one.
+		sc := newFrameScanner(r, at, size, maxFrame, key)
+		sc.bufSize = 64 << 10
+		next := want
+		for {
+			fi, _, err := sc.next()
+			if err != nil || fi.base < next {
+				break
+			}
+			if first < 0 {
+				first = fi.base
+			}
+			msgs += int64(fi.count)
+			next = fi.next()
+		}
+		from, want = max(sc.pos(), at)+1, next
+	}
+	return found, msgs, first, nil
+}
+
+// findFrame returns the position of the first intact frame at or after
+// from holding offsets from want on (or written by another queue), or -1.
+func findFrame(r io.ReaderAt, win []byte, from, size, want int64, maxFrame, chunk int, key frameKey) (int64, error) {
+	for c := from; c+frameHeaderV1 <= size; c += int64(chunk) {
+		n := int(min(int64(len(win)), size-c))
+		if _, err := r.ReadAt(win[:n], c); err != nil && !errors.Is(err, io.EOF) {
+			return -1, err
+		}
+		for i := 0; i+frameHeaderV1 <= n && i < chunk; i++ {
+			b := win[i:n]
+			var fields []byte
+			switch {
+			case b[framePrefix] == frameMagic && len(b) >= frameHeader:
+				fields = b[framePrefix+9:]
+			case b[framePrefix] == frameMagicV1 && key.legacy:
+				fields = b[framePrefix+1:]
+			default:
+				continue
+			}
+			l := int64(binary.LittleEndian.Uint32(b))
+			base := int64(binary.LittleEndian.Uint64(fields))
+			count := int64(binary.LittleEndian.Uint32(fields[8:]))
+			p := c + int64(i)
+			if l < frameHeaderV1-framePrefix || l+framePrefix > int64(maxFrame) || p+l+framePrefix > size ||
+				base < want || base-want > size || count < 1 || count > l {
+				continue
+			}
+			fb := make([]byte, l+framePrefix)
+			if _, err := r.ReadAt(fb, p); err != nil {
+				return -1, err
+			}
+			if fi, _, err := decodeFrame(fb, maxFrame, key); (err == nil || errors.Is(err, errMisplaced)) && fi.base == base {
+				return p, nil
+			}
+		}
+	}
+	return -1, nil
+}
+
 // checkTail reads the frames of a sealed segment from its last index entry
 // to its end, checking that they run on without a gap and end at s.next.
-func checkTail(s *segment, maxFrame int) (int64, error) {
+func checkTail(s *segment, maxFrame int, key frameKey, buf *[]byte) (int64, error) {
 	e := indexEntry{off: s.base}
 	if len(s.index) > 0 {
 		e = s.index[len(s.index)-1]
 	}
-	sc := newFrameScanner(s.f, e.pos, s.size, maxFrame)
+	sc := newFrameScanner(s.f, e.pos, s.size, maxFrame, key)
+	sc.buf = *buf
+	defer func() { *buf = sc.buf }()
 	want := e.off
 	for {
 		pos := sc.pos()
@@ -210,21 +295,25 @@ func checkTail(s *segment, maxFrame int) (int64, error) {
 
 // The index file of a sealed segment:
 //
-//	"FIDX" u32 version, then u64 base, next, size, sizeSum, firstTime,
-//	lastTime, u32 entry count, entries (u32 offset - base, u32 position),
-//	and a CRC-32C of everything before it.
+//	"FIDX" u32 version (2), u64 tag of the queue (queueTag), then u64
+//	base, next, size, sizeSum, firstTime, lastTime, u32 entry count,
+//	entries (u32 offset - base, u32 position), and a CRC-32C of
+//	everything before it.
 //
-// It is written once, when the segment is sealed, and rebuilt from the
-// segment whenever it fails any check.
+// Version 1, without the tag, is read in stores upgraded from it. It is
+// written once, when the segment is sealed, and rebuilt from the segment
+// whenever it fails any check (one copied from another queue included).
 const (
-	indexMagic  = "FIDX"
-	indexHeader = 4 + 4 + 6*8 + 4
+	indexMagic    = "FIDX"
+	indexHeader   = 4 + 4 + 8 + 6*8 + 4
+	indexHeaderV1 = 4 + 4 + 6*8 + 4
 )
 
-func encodeIndex(s *segment) []byte {
+func encodeIndex(s *segment, tag uint64) []byte {
 	b := make([]byte, 0, indexHeader+8*len(s.index)+4)
 	b = append(b, indexMagic...)
-	b = binary.LittleEndian.AppendUint32(b, 1)
+	b = binary.LittleEndian.AppendUint32(b, 2)
+	b = binary.LittleEndian.AppendUint64(b, tag)
 	for _, v := range []int64{s.base, s.next, s.size, s.sizeSum, s.firstTime, s.lastTime} {
 		b = binary.LittleEndian.AppendUint64(b, uint64(v))
 	}
@@ -237,21 +326,33 @@ func encodeIndex(s *segment) []byte {
 }
 
 // decodeIndex fills s (whose base and file size are known) from an index
-// file's bytes, checking every field.
-func decodeIndex(s *segment, b []byte, fileSize int64) error {
-	if len(b) < indexHeader+4 || string(b[:4]) != indexMagic || binary.LittleEndian.Uint32(b[4:]) != 1 {
+// file's bytes, checking every field against s and key.
+func decodeIndex(s *segment, b []byte, fileSize int64, key frameKey) error {
+	if len(b) < indexHeaderV1+4 || string(b[:4]) != indexMagic {
 		return errors.New("bad index header")
 	}
 	if crc32.Checksum(b[:len(b)-4], castagnoli) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
 		return errors.New("bad index checksum")
 	}
+	hdr := indexHeader
+	switch v := binary.LittleEndian.Uint32(b[4:]); {
+	case v == 2 && len(b) >= indexHeader+4:
+		if tag := binary.LittleEndian.Uint64(b[8:]); tag != key.tag {
+			return fmt.Errorf("index of another queue (tag %016x, this queue's %016x)", tag, key.tag)
+		}
+	case v == 1 && key.legacy:
+		hdr = indexHeaderV1
+	default:
+		return fmt.Errorf("bad index version %d", v)
+	}
+	f := b[hdr-4-6*8:]
 	var v [6]int64
 	for i := range v {
-		v[i] = int64(binary.LittleEndian.Uint64(b[8+8*i:]))
+		v[i] = int64(binary.LittleEndian.Uint64(f[8*i:]))
 	}
 	base, next, size, sizeSum, first, last := v[0], v[1], v[2], v[3], v[4], v[5]
-	n := int(binary.LittleEndian.Uint32(b[56:]))
-	if n != (len(b)-indexHeader-4)/8 || (len(b)-indexHeader-4)%8 != 0 {
+	n := int(binary.LittleEndian.Uint32(b[hdr-4:]))
+	if n != (len(b)-hdr-4)/8 || (len(b)-hdr-4)%8 != 0 {
 		return errors.New("bad index entry count")
 	}
 	if base != s.base || size != fileSize || next < base || sizeSum < 0 || (next > base) != (n > 0) || (n == 0) != (size == 0) {
@@ -260,8 +361,8 @@ func decodeIndex(s *segment, b []byte, fileSize int64) error {
 	idx := make([]indexEntry, n)
 	for i := range idx {
 		e := indexEntry{
-			off: base + int64(binary.LittleEndian.Uint32(b[indexHeader+8*i:])),
-			pos: int64(binary.LittleEndian.Uint32(b[indexHeader+8*i+4:])),
+			off: base + int64(binary.LittleEndian.Uint32(b[hdr+8*i:])),
+			pos: int64(binary.LittleEndian.Uint32(b[hdr+8*i+4:])),
 		}
 		if i == 0 && (e.off != base || e.pos != 0) ||
 			i > 0 && (e.off <= idx[i-1].off || e.pos <= idx[i-1].pos) ||

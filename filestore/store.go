@@ -25,6 +25,7 @@ import (
 // Store is a [ferry.Storage] and a [ferry.CursorStore] over one directory:
 //
 //	<dir>/LOCK                            flock held while open
+//	<dir>/STORE                           the store's identity (identity.go)
 //	<dir>/cursors                         every cursor, replaced atomically
 //	<dir>/topics/<topic>/meta             the topic's metadata
 //	<dir>/topics/<topic>/<queue>/%020d.log    segments, named by base offset
@@ -36,10 +37,12 @@ import (
 //
 // A Store is safe for concurrent use.
 type Store struct {
-	cfg  config
-	dir  string
-	root *os.Root
-	lock *os.File
+	cfg   config
+	dir   string
+	root  *os.Root
+	files fsys     // root, through the fault hook
+	fds   *fdCache // descriptors of sealed segments
+	lock  *os.File
 
 	mu       sync.Mutex // guards topics, queues, closed and closeErr
 	topics   map[string]ferry.TopicMeta
@@ -49,7 +52,10 @@ type Store struct {
 
 	closeMu sync.Mutex // serializes Close
 
+	id        [16]byte    // the store's identity (identity.go)
+	legacy    bool        // version 1 frames, indexes and cursor file are read
 	recovery  Recovery    // written by Open only
+	scanBuf   []byte      // the scan buffer of recoveries, shared by their segments; Open's, or under mu
 	noMmap    atomic.Bool // mapping failed once: write with pwrite
 	noReserve atomic.Bool // fallocate is not supported: write with pwrite, reserving nothing
 	cursors   *cursorStore
@@ -78,6 +84,13 @@ type Truncation struct {
 	At    int64  // bytes kept
 	Cut   int64  // bytes dropped
 	Err   error  // what was wrong with the frame at At
+	// Damaged: intact frames followed the bad one, so this was damage,
+	// not a torn tail, cut because of [WithRepair]. Dropped counts the
+	// messages of those intact frames, lost with the cut, and Saved names
+	// the file (relative to the store's directory) holding the bytes cut.
+	Damaged bool
+	Dropped int64
+	Saved   string
 }
 
 // ClampedCursor is a committed cursor that Open moved into its queue's
@@ -121,7 +134,8 @@ func open(dir string, cfg config) (_ *Store, err error) {
 	if err != nil {
 		return nil, err
 	}
-	lock, err := root.OpenFile("LOCK", os.O_RDWR|os.O_CREATE, 0o600)
+	files := fsys{root: root, fault: cfg.fault}
+	lock, err := files.openFile("LOCK", os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		_ = root.Close()
 		return nil, err
@@ -131,13 +145,13 @@ func open(dir string, cfg config) (_ *Store, err error) {
 		_ = root.Close()
 		return nil, err
 	}
-	if err := syncDir(root, "."); err != nil { // LOCK may be new
+	if err := files.syncDir("."); err != nil { // LOCK may be new
 		_ = lock.Close()
 		_ = root.Close()
 		return nil, err
 	}
 	st := &Store{
-		cfg: cfg, dir: dir, root: root, lock: lock,
+		cfg: cfg, dir: dir, root: root, files: files, lock: lock, fds: newFDCache(root, cfg.maxOpenSegs),
 		topics: map[string]ferry.TopicMeta{},
 		queues: map[ferry.QueueID]*queue{},
 	}
@@ -146,12 +160,16 @@ func open(dir string, cfg config) (_ *Store, err error) {
 			_ = st.Close()
 		}
 	}()
-	if err := mkdirSync(root, "topics"); err != nil {
+	if err := st.loadIdentity(); err != nil {
+		return nil, err
+	}
+	if err := files.mkdirSync("topics"); err != nil {
 		return nil, err
 	}
 	if err := st.load(); err != nil {
 		return nil, err
 	}
+	st.scanBuf = nil
 	if st.cursors, err = openCursors(st); err != nil {
 		return nil, err
 	}
@@ -187,7 +205,7 @@ func (st *Store) load() error {
 			i, err := strconv.Atoi(qe.Name())
 			if !qe.IsDir() || err != nil || i < 0 || i >= ferry.MaxQueues || strconv.Itoa(i) != qe.Name() {
 				if strings.HasSuffix(qe.Name(), ".tmp") {
-					_ = st.root.Remove(path.Join(tdir, qe.Name()))
+					_ = st.files.remove(path.Join(tdir, qe.Name()))
 				}
 				continue
 			}
@@ -273,10 +291,11 @@ func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int)
 		q.setRetention(ret)
 		return q, nil
 	}
-	if err := mkdirSync(st.root, path.Join("topics", meta.Name)); err != nil {
+	if err := st.files.mkdirSync(path.Join("topics", meta.Name)); err != nil {
 		return nil, fmt.Errorf("ferry: open queue %s: %w", id, err)
 	}
 	q, err := st.recoverQueue(id, ret)
+	st.scanBuf = nil
 	if err != nil {
 		return nil, fmt.Errorf("ferry: open queue %s: %w", id, err)
 	}
@@ -324,10 +343,10 @@ func (st *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 		return fmt.Errorf("ferry: save topic: %w", ferry.ErrClosed)
 	}
 	tdir := path.Join("topics", meta.Name)
-	if err := mkdirSync(st.root, tdir); err != nil {
+	if err := st.files.mkdirSync(tdir); err != nil {
 		return fmt.Errorf("ferry: save topic %q: %w", meta.Name, err)
 	}
-	if err := writeFileRename(st.root, path.Join(tdir, "meta"), encodeMeta(meta), true); err != nil {
+	if err := st.files.writeFileRename(path.Join(tdir, "meta"), encodeMeta(meta), true); err != nil {
 		return fmt.Errorf("ferry: save topic %q: %w", meta.Name, err)
 	}
 	st.topics[meta.Name] = meta
@@ -363,6 +382,7 @@ func (st *Store) Close() error {
 	if st.cursors != nil {
 		errs = append(errs, st.cursors.close())
 	}
+	errs = append(errs, st.fds.closeAll())
 	errs = append(errs, st.lock.Close(), st.root.Close())
 	err := errors.Join(errs...)
 	if err != nil {

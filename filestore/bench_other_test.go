@@ -1,0 +1,7 @@
+//go:build !linux
+
+package filestore_test
+
+import "os"
+
+func fadviseDontNeed(*os.File) {}
