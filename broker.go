@@ -136,7 +136,7 @@ func (b *Broker) CreateTopic(ctx context.Context, meta TopicMeta) error {
 	if err := ctx.Err(); err != nil {
 		return errorf("ferry: create topic %q: %w", meta.Name, err)
 	}
-	if err := b.storage.SaveTopic(ctx, meta); err != nil {
+	if err := b.saveTopic(ctx, meta); err != nil {
 		return errorf("ferry: create topic %q: %w", meta.Name, err)
 	}
 	t, err := b.openTopic(ctx, meta)
@@ -146,6 +146,68 @@ func (b *Broker) CreateTopic(ctx context.Context, meta TopicMeta) error {
 	b.publish(t)
 	b.log.Info("ferry: topic created", "topic", meta.Name, "queues", meta.Queues)
 	return nil
+}
+
+// saveTopic records meta in the storage unless a topic of that name is
+// there: equal metadata is fine, different is ErrTopicExists. A
+// [SharedStorage] decides atomically; over another storage, brokers that
+// share it may race.
+func (b *Broker) saveTopic(ctx context.Context, meta TopicMeta) error {
+	if ss, ok := b.storage.(SharedStorage); ok {
+		return ss.CreateTopic(ctx, meta)
+	}
+	have, err := b.storedTopic(ctx, meta.Name)
+	switch {
+	case err == nil && have.Normalized() == meta:
+		return nil
+	case err == nil:
+		return fmt.Errorf("%w: have %+v, asked %+v", ErrTopicExists, have.Normalized(), meta)
+	case !errors.Is(err, ErrTopicNotFound):
+		return err
+	}
+	return b.storage.SaveTopic(ctx, meta)
+}
+
+// storedTopic returns the metadata the storage holds for name, or
+// ErrTopicNotFound.
+func (b *Broker) storedTopic(ctx context.Context, name string) (TopicMeta, error) {
+	if ss, ok := b.storage.(SharedStorage); ok {
+		return ss.Topic(ctx, name)
+	}
+	metas, err := b.storage.Topics(ctx)
+	if err != nil {
+		return TopicMeta{}, err
+	}
+	for _, m := range metas {
+		if m.Name == name {
+			return m, nil
+		}
+	}
+	return TopicMeta{}, fmt.Errorf("%w: %q", ErrTopicNotFound, name)
+}
+
+// discover opens a topic that another broker created over the same
+// storage, or returns ErrTopicNotFound.
+func (b *Broker) discover(name string) (*topicState, error) {
+	ctx := context.Background()
+	meta, err := b.storedTopic(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	if t, ok := (*b.topics.Load())[name]; ok {
+		return t, nil
+	}
+	t, err := b.openTopic(ctx, meta.Normalized())
+	if err != nil {
+		return nil, err
+	}
+	b.publish(t)
+	return t, nil
 }
 
 // openTopic opens every queue of meta; on error it closes those it opened.
@@ -177,8 +239,8 @@ func (b *Broker) publish(t *topicState) {
 
 // Topic returns the metadata of the named topic.
 func (b *Broker) Topic(name string) (TopicMeta, bool) {
-	t, ok := (*b.topics.Load())[name]
-	if !ok {
+	t, err := b.topic(name)
+	if err != nil {
 		return TopicMeta{}, false
 	}
 	return t.meta, true
@@ -207,7 +269,7 @@ func (b *Broker) topic(name string) (*topicState, error) {
 	if err := ValidateTopicName(name); err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("%w: %q", ErrTopicNotFound, name)
+	return b.discover(name)
 }
 
 // Queue returns queue i of the named topic, for reading it directly.
@@ -253,8 +315,12 @@ func (b *Broker) ForgetGroup(group, topic string) error {
 }
 
 // Close closes the consumers made from the broker (each drains and commits),
-// then every queue the broker opened, then the stores it created. It is
-// idempotent; afterwards every method returns [ErrClosed].
+// then, over a storage the broker created, every queue it opened and the
+// stores it created. The queues of a storage passed with [WithStorage]
+// stay open, since other brokers may share them: they close with the
+// storage (a Send blocked on a full [Block] queue waits for that, or for
+// its ctx). It is idempotent; afterwards every method returns
+// [ErrClosed].
 func (b *Broker) Close() error {
 	consumersErr := b.groups.closeAll()
 	b.mu.Lock()
@@ -264,10 +330,12 @@ func (b *Broker) Close() error {
 	}
 	b.clock.close()
 	errs := []error{consumersErr}
-	for _, t := range *b.topics.Load() {
-		for _, q := range t.queues {
-			if err := q.Close(); err != nil {
-				errs = append(errs, err)
+	if b.ownsStorage {
+		for _, t := range *b.topics.Load() {
+			for _, q := range t.queues {
+				if err := q.Close(); err != nil {
+					errs = append(errs, err)
+				}
 			}
 		}
 	}

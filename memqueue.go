@@ -309,7 +309,10 @@ type MemoryStorage struct {
 	closed bool
 }
 
-var _ Storage = (*MemoryStorage)(nil)
+var (
+	_ Storage       = (*MemoryStorage)(nil)
+	_ SharedStorage = (*MemoryStorage)(nil)
+)
 
 // NewMemoryStorage returns an empty storage.
 func NewMemoryStorage() *MemoryStorage {
@@ -376,6 +379,47 @@ func (s *MemoryStorage) SaveTopic(ctx context.Context, meta TopicMeta) error {
 	}
 	s.topics[meta.Name] = meta.Normalized()
 	return nil
+}
+
+// CreateTopic implements [SharedStorage].
+func (s *MemoryStorage) CreateTopic(ctx context.Context, meta TopicMeta) error {
+	if err := meta.Validate(); err != nil {
+		return errorf("ferry: create topic: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return errorf("ferry: create topic: %w", err)
+	}
+	meta = meta.Normalized()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errorf("ferry: create topic: %w", ErrClosed)
+	}
+	if have, ok := s.topics[meta.Name]; ok {
+		if have != meta {
+			return errorf("ferry: create topic %q: %w: have %+v, asked %+v", meta.Name, ErrTopicExists, have, meta)
+		}
+		return nil
+	}
+	s.topics[meta.Name] = meta
+	return nil
+}
+
+// Topic implements [SharedStorage].
+func (s *MemoryStorage) Topic(ctx context.Context, name string) (TopicMeta, error) {
+	if err := ctx.Err(); err != nil {
+		return TopicMeta{}, errorf("ferry: topic: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return TopicMeta{}, errorf("ferry: topic: %w", ErrClosed)
+	}
+	meta, ok := s.topics[name]
+	if !ok {
+		return TopicMeta{}, errorf("ferry: topic: %w: %q", ErrTopicNotFound, name)
+	}
+	return meta, nil
 }
 
 // Close implements [io.Closer]: it closes every open queue. Idempotent.

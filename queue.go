@@ -80,3 +80,21 @@ type Storage interface {
 	SaveTopic(ctx context.Context, meta TopicMeta) error
 	io.Closer
 }
+
+// SharedStorage is an optional interface of a [Storage] that several
+// brokers share, in one process or in many: it creates a topic only if it
+// is absent, and looks one up by name, so that a topic one broker creates
+// is found by the others. [Broker.CreateTopic] and a broker's lookup of a
+// topic it does not know use it when the storage has it; over another
+// storage, CreateTopic compares with Topics and then saves, which two
+// brokers may race, and a lookup lists every topic.
+type SharedStorage interface {
+	// CreateTopic records meta unless the storage holds a topic of that
+	// name: with equal metadata (after [TopicMeta.Normalized]) it does
+	// nothing and returns nil, with different metadata it is
+	// [ErrTopicExists]. Invalid metadata is [ErrInvalidTopic].
+	CreateTopic(ctx context.Context, meta TopicMeta) error
+	// Topic returns the metadata of the named topic; [ErrTopicNotFound]
+	// if there is none.
+	Topic(ctx context.Context, name string) (TopicMeta, error)
+}

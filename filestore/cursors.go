@@ -46,10 +46,11 @@ type cursorStore struct {
 
 	mu      sync.Mutex // guards every field below
 	m       map[cursorKey]int64
-	gen     uint64        // bumped by every commit
-	written uint64        // the gen the file holds
-	flushed chan struct{} // closed (and replaced) after each write
-	err     error         // set once a write failed; every later commit fails
+	tokens  map[cursorKey]uint64 // the token of the last fenced commit (memory only)
+	gen     uint64               // bumped by every commit
+	written uint64               // the gen the file holds
+	flushed chan struct{}        // closed (and replaced) after each write
+	err     error                // set once a write failed; every later commit fails
 	closed  bool
 
 	kick chan struct{}
@@ -59,7 +60,7 @@ type cursorStore struct {
 
 func openCursors(st *Store) (*cursorStore, error) {
 	c := &cursorStore{
-		st: st, m: map[cursorKey]int64{},
+		st: st, m: map[cursorKey]int64{}, tokens: map[cursorKey]uint64{},
 		flushed: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
@@ -269,7 +270,7 @@ func (c *cursorStore) load(ctx context.Context, topic, group string, queues int)
 	return out, nil
 }
 
-func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
 	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
 		return fmt.Errorf("ferry: commit cursor: %w", err)
 	}
@@ -289,7 +290,15 @@ func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int
 		c.mu.Unlock()
 		return fmt.Errorf("ferry: commit cursor: %w", err)
 	}
-	c.m[cursorKey{topic, group, queue}] = offset
+	k := cursorKey{topic, group, queue}
+	if fenced {
+		if last := c.tokens[k]; token < last {
+			c.mu.Unlock()
+			return fmt.Errorf("ferry: commit cursor %s/%s[%d]: %w: token %d, last %d", topic, group, queue, ferry.ErrFenced, token, last)
+		}
+		c.tokens[k] = token
+	}
+	c.m[k] = offset
 	c.gen++
 	mine, flushed := c.gen, c.flushed
 	c.mu.Unlock()
@@ -342,7 +351,16 @@ func (st *Store) Load(ctx context.Context, topic, group string, queues int) ([]i
 // the cursor file holding it is durable; concurrent commits share one
 // write. Otherwise it returns at once and the file follows the policy.
 func (st *Store) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	return st.cursors.commit(ctx, topic, group, queue, offset)
+	return st.cursors.commit(ctx, topic, group, queue, offset, 0, false)
+}
+
+// CommitFenced implements [ferry.FencedCursorStore] as Commit does. The
+// tokens live in memory only: the directory belongs to one process (see
+// [ErrLocked]), whose brokers share one coordinator, and a coordinator
+// that starts again starts its tokens again, so tokens kept across a
+// restart would fence every commit after it.
+func (st *Store) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	return st.cursors.commit(ctx, topic, group, queue, offset, token, true)
 }
 
 // cursors lists every group's cursor on topic.
@@ -398,6 +416,7 @@ func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
 	for k := range c.m {
 		if k.topic == topic && k.group == group {
 			delete(c.m, k)
+			delete(c.tokens, k)
 		}
 	}
 	if len(c.m) == n {
@@ -441,6 +460,7 @@ func (st *Store) Forget(ctx context.Context, topic, group string) error {
 }
 
 var (
-	_ ferry.CursorStore  = (*Store)(nil)
-	_ ferry.CursorGroups = (*Store)(nil)
+	_ ferry.CursorStore       = (*Store)(nil)
+	_ ferry.CursorGroups      = (*Store)(nil)
+	_ ferry.FencedCursorStore = (*Store)(nil)
 )

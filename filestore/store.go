@@ -330,24 +330,59 @@ func (st *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 // SaveTopic implements [ferry.Storage]: the metadata is written atomically
 // and durably before it returns.
 func (st *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	return st.saveTopic(ctx, "save topic", meta, false)
+}
+
+// CreateTopic implements [ferry.SharedStorage]: it saves meta, as
+// SaveTopic does, unless a topic of that name exists.
+func (st *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	return st.saveTopic(ctx, "create topic", meta, true)
+}
+
+// Topic implements [ferry.SharedStorage].
+func (st *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
+	if err := ctx.Err(); err != nil {
+		return ferry.TopicMeta{}, fmt.Errorf("ferry: topic: %w", err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return ferry.TopicMeta{}, fmt.Errorf("ferry: topic: %w", ferry.ErrClosed)
+	}
+	meta, ok := st.topics[name]
+	if !ok {
+		return ferry.TopicMeta{}, fmt.Errorf("ferry: topic: %w: %q", ferry.ErrTopicNotFound, name)
+	}
+	return meta, nil
+}
+
+var _ ferry.SharedStorage = (*Store)(nil)
+
+func (st *Store) saveTopic(ctx context.Context, op string, meta ferry.TopicMeta, ifAbsent bool) error {
 	if err := meta.Validate(); err != nil {
-		return fmt.Errorf("ferry: save topic: %w", err)
+		return fmt.Errorf("ferry: %s: %w", op, err)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("ferry: save topic: %w", err)
+		return fmt.Errorf("ferry: %s: %w", op, err)
 	}
 	meta = meta.Normalized()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return fmt.Errorf("ferry: save topic: %w", ferry.ErrClosed)
+		return fmt.Errorf("ferry: %s: %w", op, ferry.ErrClosed)
+	}
+	if have, ok := st.topics[meta.Name]; ok && ifAbsent {
+		if have != meta {
+			return fmt.Errorf("ferry: %s %q: %w: have %+v, asked %+v", op, meta.Name, ferry.ErrTopicExists, have, meta)
+		}
+		return nil
 	}
 	tdir := path.Join("topics", meta.Name)
 	if err := st.files.mkdirSync(tdir); err != nil {
-		return fmt.Errorf("ferry: save topic %q: %w", meta.Name, err)
+		return fmt.Errorf("ferry: %s %q: %w", op, meta.Name, err)
 	}
 	if err := st.files.writeFileRename(path.Join(tdir, "meta"), encodeMeta(meta), true); err != nil {
-		return fmt.Errorf("ferry: save topic %q: %w", meta.Name, err)
+		return fmt.Errorf("ferry: %s %q: %w", op, meta.Name, err)
 	}
 	st.topics[meta.Name] = meta
 	for id, q := range st.queues {
