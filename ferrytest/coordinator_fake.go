@@ -14,7 +14,8 @@ import (
 // distributed coordinator suffers happen on demand: a member's session
 // expiring ([FakeCoordinator.Expire]), as when its process goes silent
 // for the time to live, and a single lease lost
-// ([FakeCoordinator.LoseLease]), as when a renewal fails. It tells who
+// ([FakeCoordinator.LoseLease]), as when a renewal fails, and a member
+// unable to join ([FakeCoordinator.FailJoins]). It tells who
 // holds what ([FakeCoordinator.Holder], [FakeCoordinator.Sessions]).
 // Without faults it behaves as [ferry.MemoryCoordinator], which it wraps,
 // and passes [TestCoordinator] with the Expire feature.
@@ -27,10 +28,16 @@ import (
 type FakeCoordinator struct {
 	inner *ferry.MemoryCoordinator
 
-	mu       sync.Mutex // guards sessions, leases and closed; held over calls to inner
-	sessions map[ferry.GroupKey]map[string]*fakeSession
-	leases   map[fakeLockKey]*fakeLease
-	closed   bool
+	mu        sync.Mutex // guards sessions, leases, failJoins and closed; held over calls to inner
+	sessions  map[ferry.GroupKey]map[string]*fakeSession
+	leases    map[fakeLockKey]*fakeLease
+	failJoins map[fakeMemberKey]error
+	closed    bool
+}
+
+type fakeMemberKey struct {
+	g      ferry.GroupKey
+	member string
 }
 
 var (
@@ -47,9 +54,10 @@ type fakeLockKey struct {
 // NewFakeCoordinator returns an empty fake coordinator.
 func NewFakeCoordinator() *FakeCoordinator {
 	return &FakeCoordinator{
-		inner:    ferry.NewMemoryCoordinator(),
-		sessions: map[ferry.GroupKey]map[string]*fakeSession{},
-		leases:   map[fakeLockKey]*fakeLease{},
+		inner:     ferry.NewMemoryCoordinator(),
+		sessions:  map[ferry.GroupKey]map[string]*fakeSession{},
+		leases:    map[fakeLockKey]*fakeLease{},
+		failJoins: map[fakeMemberKey]error{},
 	}
 }
 
@@ -59,6 +67,9 @@ func (c *FakeCoordinator) Join(ctx context.Context, g ferry.GroupKey, member str
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, fmt.Errorf("ferrytest: join %s: %w", g, ferry.ErrClosed)
+	}
+	if err := c.failJoins[fakeMemberKey{g, member}]; err != nil {
+		return nil, fmt.Errorf("ferrytest: join %s as %q: %w", g, member, err)
 	}
 	in, err := c.inner.Join(ctx, g, member)
 	if err != nil {
@@ -109,6 +120,20 @@ func (c *FakeCoordinator) Expire(g ferry.GroupKey, member string) bool {
 	s.endLocked(true)
 	_ = s.inner.Leave(context.Background())
 	return true
+}
+
+// FailJoins makes every later Join of member to group g fail with err,
+// wrapped, as when the member cannot reach a distributed coordinator; a
+// nil err lets it join again. With [FakeCoordinator.Expire] it keeps an
+// expired member out of its group for as long as a test needs.
+func (c *FakeCoordinator) FailJoins(g ferry.GroupKey, member string, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		delete(c.failJoins, fakeMemberKey{g, member})
+		return
+	}
+	c.failJoins[fakeMemberKey{g, member}] = err
 }
 
 // LoseLease makes the lease that holds queue of group g lost, as when a
