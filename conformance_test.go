@@ -41,3 +41,9 @@ func TestMemoryCursorStoreConformance(t *testing.T) {
 		return ferry.NewMemoryCursorStore()
 	})
 }
+
+func TestMemoryCoordinatorConformance(t *testing.T) {
+	ferrytest.TestCoordinator(t, ferrytest.CoordinatorFeatures{}, func(t *testing.T) ferry.Coordinator {
+		return ferry.NewMemoryCoordinator()
+	})
+}

@@ -3,6 +3,7 @@ package ferrytest
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,7 +44,28 @@ type CursorStoreOpener func(t *testing.T, dir string) ferry.CursorStore
 //     [Features].Persistent every commit comes back, long names and wide
 //     queue indexes included.
 //   - Close: Close twice returns nil; afterwards Load and Commit return
-//     [ferry.ErrClosed].
+//     [ferry.ErrClosed] (and Cursors, Forget and CommitFenced, for a
+//     store with them).
+//
+// For a store that implements [ferry.CursorGroups] (skipped otherwise):
+//
+//   - Groups: Cursors lists exactly the groups with a commit on the topic
+//     (not those of other topics), each with one offset per queue, -1
+//     where nothing was committed; the caller owns the result; a bad
+//     topic or queue count is [ferry.ErrInvalidTopic].
+//   - Forget: Load then gives -1 for every queue and Cursors omits the
+//     group; other groups and topics keep theirs; forgetting a group
+//     without cursors is nil; the group can commit again; with
+//     [Features].Persistent the forgetting survives a reopen.
+//
+// For a store that implements [ferry.FencedCursorStore] (skipped
+// otherwise):
+//
+//   - Fenced: CommitFenced with a token lower than the last fenced
+//     commit's is [ferry.ErrFenced] and writes nothing; an equal or
+//     higher token writes; a plain Commit still writes (a reset) and
+//     does not lower the token; tokens are kept per topic, group and
+//     queue; with [Features].Persistent they survive a reopen.
 func TestCursorStore(t *testing.T, f Features, open CursorStoreOpener) {
 	t.Helper()
 	cs := &cursorSuite{f: f, open: open}
@@ -57,6 +79,9 @@ func TestCursorStore(t *testing.T, f Features, open CursorStoreOpener) {
 	run(t, f, "Concurrent", cs.concurrent)
 	run(t, f, "Reopen", cs.reopen)
 	run(t, f, "Close", cs.close)
+	run(t, f, "Groups", cs.groups)
+	run(t, f, "Forget", cs.forget)
+	run(t, f, "Fenced", cs.fenced)
 }
 
 type cursorSuite struct {
@@ -312,4 +337,182 @@ func (s *cursorSuite) close(t *testing.T, w *watchdog) {
 	_, err := cs.Load(w.ctx, "orders", "billing", 1)
 	wantErr(t, err, ferry.ErrClosed, "Load after Close")
 	wantErr(t, cs.Commit(w.ctx, "orders", "billing", 0, 6), ferry.ErrClosed, "Commit after Close")
+	if g, ok := cs.(ferry.CursorGroups); ok {
+		_, err := g.Cursors(w.ctx, "orders", 1)
+		wantErr(t, err, ferry.ErrClosed, "Cursors after Close")
+		wantErr(t, g.Forget(w.ctx, "orders", "billing"), ferry.ErrClosed, "Forget after Close")
+	}
+	if f, ok := cs.(ferry.FencedCursorStore); ok {
+		wantErr(t, f.CommitFenced(w.ctx, "orders", "billing", 0, 6, 1), ferry.ErrClosed, "CommitFenced after Close")
+	}
+}
+
+// cursorGroups returns cs as a [ferry.CursorGroups], skipping the subtest
+// if it is not one.
+func cursorGroups(t *testing.T, cs ferry.CursorStore) ferry.CursorGroups {
+	t.Helper()
+	g, ok := cs.(ferry.CursorGroups)
+	if !ok {
+		t.Skipf("ferrytest: %T does not implement ferry.CursorGroups", cs)
+	}
+	return g
+}
+
+// wantGroups checks that Cursors(topic, queues) lists exactly want.
+func wantGroups(t *testing.T, w *watchdog, g ferry.CursorGroups, topic string, queues int, want map[string][]int64) {
+	t.Helper()
+	got, err := g.Cursors(w.ctx, topic, queues)
+	must(t, err, fmt.Sprintf("Cursors(%s, %d)", topic, queues))
+	if got.Topic != topic {
+		t.Fatalf("Cursors(%s, %d).Topic = %q", topic, queues, got.Topic)
+	}
+	if len(got.Groups) != len(want) {
+		t.Fatalf("Cursors(%s, %d) lists groups %v, want %v", topic, queues, slices.Sorted(maps.Keys(got.Groups)), slices.Sorted(maps.Keys(want)))
+	}
+	for name, offs := range want {
+		c, ok := got.Groups[name]
+		if !ok {
+			t.Fatalf("Cursors(%s, %d) lists groups %v: %q missing", topic, queues, slices.Sorted(maps.Keys(got.Groups)), name)
+		}
+		if c.Group != name {
+			t.Fatalf("Cursors(%s, %d): the cursor of group %q says Group %q", topic, queues, name, c.Group)
+		}
+		if !slices.Equal(c.Offsets, offs) {
+			t.Fatalf("Cursors(%s, %d): group %q has offsets %v, want %v", topic, queues, name, c.Offsets, offs)
+		}
+	}
+}
+
+func (s *cursorSuite) groups(t *testing.T, w *watchdog) {
+	cs := s.openAt(t, w, t.TempDir())
+	g := cursorGroups(t, cs)
+	wantGroups(t, w, g, "orders", 3, nil)
+	commit(t, w, cs, "orders", "billing", 0, 5)
+	commit(t, w, cs, "orders", "billing", 2, 7)
+	commit(t, w, cs, "orders", "shipping", 1, 3)
+	commit(t, w, cs, "payments", "audit", 0, 11)
+	commit(t, w, cs, "orders.eu", "audit", 0, 12) // a topic sharing a prefix
+	wantGroups(t, w, g, "orders", 3, map[string][]int64{"billing": {5, -1, 7}, "shipping": {-1, 3, -1}})
+	wantGroups(t, w, g, "orders", 2, map[string][]int64{"billing": {5, -1}, "shipping": {-1, 3}})
+	wantGroups(t, w, g, "orders", 5, map[string][]int64{"billing": {5, -1, 7, -1, -1}, "shipping": {-1, 3, -1, -1, -1}})
+	wantGroups(t, w, g, "payments", 2, map[string][]int64{"audit": {11, -1}})
+	wantGroups(t, w, g, "refunds", 2, nil)
+
+	got, err := g.Cursors(w.ctx, "orders", 3)
+	must(t, err, "Cursors")
+	for name, c := range got.Groups {
+		for i := range c.Offsets {
+			c.Offsets[i] = 42
+		}
+		delete(got.Groups, name)
+	}
+	wantGroups(t, w, g, "orders", 3, map[string][]int64{"billing": {5, -1, 7}, "shipping": {-1, 3, -1}})
+	wantCursor(t, w, cs, "orders", "billing", 5, -1, 7)
+
+	for _, topic := range []string{"", "..", "a b"} {
+		_, err := g.Cursors(w.ctx, topic, 1)
+		wantErr(t, err, ferry.ErrInvalidTopic, fmt.Sprintf("Cursors of topic %q", topic))
+	}
+	_, err = g.Cursors(w.ctx, "orders", -1)
+	wantErr(t, err, ferry.ErrInvalidTopic, "Cursors of -1 queues")
+}
+
+func (s *cursorSuite) forget(t *testing.T, w *watchdog) {
+	dir := t.TempDir()
+	cs := s.openAt(t, w, dir)
+	g := cursorGroups(t, cs)
+	commit(t, w, cs, "orders", "billing", 0, 5)
+	commit(t, w, cs, "orders", "billing", 2, 7)
+	commit(t, w, cs, "orders", "shipping", 1, 3)
+	commit(t, w, cs, "payments", "billing", 0, 11)
+	commit(t, w, cs, "orders.eu", "billing", 0, 12)
+
+	must(t, g.Forget(w.ctx, "orders", "billing"), "Forget")
+	wantCursor(t, w, cs, "orders", "billing", -1, -1, -1)
+	wantGroups(t, w, g, "orders", 3, map[string][]int64{"shipping": {-1, 3, -1}})
+	wantCursor(t, w, cs, "orders", "shipping", -1, 3, -1)
+	wantCursor(t, w, cs, "payments", "billing", 11)
+	wantCursor(t, w, cs, "orders.eu", "billing", 12)
+	wantGroups(t, w, g, "payments", 1, map[string][]int64{"billing": {11}})
+
+	must(t, g.Forget(w.ctx, "orders", "billing"), "Forget of a forgotten group")
+	must(t, g.Forget(w.ctx, "orders", "nobody"), "Forget of a group without cursors")
+	must(t, g.Forget(w.ctx, "refunds", "billing"), "Forget on a topic without cursors")
+	wantGroups(t, w, g, "orders", 3, map[string][]int64{"shipping": {-1, 3, -1}})
+
+	commit(t, w, cs, "orders", "billing", 1, 4) // the group comes back
+	wantCursor(t, w, cs, "orders", "billing", -1, 4, -1)
+	wantGroups(t, w, g, "orders", 3, map[string][]int64{"billing": {-1, 4, -1}, "shipping": {-1, 3, -1}})
+	must(t, g.Forget(w.ctx, "orders", "billing"), "Forget again")
+	must(t, g.Forget(w.ctx, "orders", "shipping"), "Forget of the last group of a topic")
+	wantGroups(t, w, g, "orders", 3, nil)
+
+	must(t, cs.Close(), "Close")
+	cs = s.openAt(t, w, dir)
+	g = cursorGroups(t, cs)
+	if !s.f.Persistent {
+		return
+	}
+	wantCursor(t, w, cs, "orders", "billing", -1, -1, -1)
+	wantCursor(t, w, cs, "orders", "shipping", -1, -1)
+	wantGroups(t, w, g, "orders", 3, nil)
+	wantCursor(t, w, cs, "payments", "billing", 11)
+	wantGroups(t, w, g, "orders.eu", 1, map[string][]int64{"billing": {12}})
+}
+
+func (s *cursorSuite) fenced(t *testing.T, w *watchdog) {
+	dir := t.TempDir()
+	cs := s.openAt(t, w, dir)
+	f, ok := cs.(ferry.FencedCursorStore)
+	if !ok {
+		t.Skipf("ferrytest: %T does not implement ferry.FencedCursorStore", cs)
+	}
+	fenced := func(topic, group string, queue int, off int64, token uint64) {
+		t.Helper()
+		must(t, f.CommitFenced(w.ctx, topic, group, queue, off, token), fmt.Sprintf("CommitFenced(%s, %s, %d, %d, token %d)", topic, group, queue, off, token))
+	}
+	refused := func(topic, group string, queue int, off int64, token uint64) {
+		t.Helper()
+		wantErr(t, f.CommitFenced(w.ctx, topic, group, queue, off, token), ferry.ErrFenced, fmt.Sprintf("CommitFenced(%s, %s, %d, %d) with stale token %d", topic, group, queue, off, token))
+	}
+	fenced("orders", "billing", 0, 10, 5)
+	wantCursor(t, w, cs, "orders", "billing", 10)
+	refused("orders", "billing", 0, 3, 4)
+	wantCursor(t, w, cs, "orders", "billing", 10) // nothing written
+	fenced("orders", "billing", 0, 11, 5)         // the same lease again
+	fenced("orders", "billing", 0, 12, 7)
+	wantCursor(t, w, cs, "orders", "billing", 12)
+	refused("orders", "billing", 0, 20, 6)
+	wantCursor(t, w, cs, "orders", "billing", 12)
+
+	commit(t, w, cs, "orders", "billing", 0, 2) // an operator's reset
+	wantCursor(t, w, cs, "orders", "billing", 2)
+	refused("orders", "billing", 0, 30, 6) // the reset kept the token
+	wantCursor(t, w, cs, "orders", "billing", 2)
+	fenced("orders", "billing", 0, 3, 7)
+	wantCursor(t, w, cs, "orders", "billing", 3)
+
+	// Tokens are per topic, group and queue.
+	fenced("orders", "billing", 1, 40, 1)
+	fenced("orders", "shipping", 0, 41, 1)
+	fenced("payments", "billing", 0, 42, 1)
+	fenced("orders.eu", "billing", 0, 43, 1)
+	fenced("orders", "billing", 256, 44, 1) // agrees with queue 0 in its low byte
+	wantCursor(t, w, cs, "orders", "billing", 3, 40)
+	refused("orders", "billing", 1, 45, 0)
+
+	must(t, cs.Close(), "Close")
+	cs = s.openAt(t, w, dir)
+	f, ok = cs.(ferry.FencedCursorStore)
+	if !ok {
+		t.Fatalf("ferrytest: %T, reopened, does not implement ferry.FencedCursorStore", cs)
+	}
+	if !s.f.Persistent {
+		return
+	}
+	wantCursor(t, w, cs, "orders", "billing", 3, 40)
+	refused("orders", "billing", 0, 50, 6) // tokens survive a reopen
+	wantCursor(t, w, cs, "orders", "billing", 3, 40)
+	fenced("orders", "billing", 0, 51, 7)
+	wantCursor(t, w, cs, "orders", "billing", 51, 40)
 }

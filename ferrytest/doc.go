@@ -4,10 +4,12 @@
 //
 // # Conformance suites
 //
-// [TestQueue], [TestStorage], [TestCursorStore] and [TestAllocator] check
-// that an implementation of [ferry.Queue], [ferry.Storage],
-// [ferry.CursorStore] or [ferry.Allocator] keeps the contract its doc
-// states. Each takes a factory and builds a fresh instance for every
+// [TestQueue], [TestStorage], [TestCursorStore], [TestAllocator] and
+// [TestCoordinator] check that an implementation of [ferry.Queue],
+// [ferry.Storage], [ferry.CursorStore], [ferry.Allocator] or
+// [ferry.Coordinator] keeps the contract its doc states (TestCursorStore
+// checks the optional [ferry.CursorGroups] and [ferry.FencedCursorStore]
+// too, when the store has them). Each takes a factory and builds a fresh instance for every
 // subtest, so subtests never see each other's state, and runs every subtest
 // under a watchdog: a subtest that makes no progress within
 // [Features].Timeout fails with the stacks of every goroutine, its context
@@ -34,4 +36,8 @@
 // FakeQueues. [NewFakeBroker] gives a test a broker over a FakeStorage,
 // closed when the test ends, so code that publishes through a
 // [ferry.Producer] can be tested, failures included, with no other set-up.
+// [FakeCoordinator] is a [ferry.Coordinator] whose sessions expire and
+// whose leases are lost on demand, as a distributed coordinator's do when
+// a member goes silent or a renewal fails, so consumers can be tested
+// through those failures within one process.
 package ferrytest

@@ -69,3 +69,47 @@ func Example_orderService() {
 	// published at 0: placed A-1 by alice
 	// published at 1: placed A-3 by alice
 }
+
+// ExampleFakeCoordinator expires a member's session as a distributed
+// coordinator would when the member goes silent: its lease is lost
+// before the member waiting for the queue gets it, with a larger token,
+// and the others are told.
+func ExampleFakeCoordinator() {
+	ctx := context.Background()
+	c := ferrytest.NewFakeCoordinator()
+	defer c.Close()
+	g := ferry.GroupKey{Scope: "billing", Topic: "orders"}
+
+	a, _ := c.Join(ctx, g, "node-a")
+	b, _ := c.Join(ctx, g, "node-b")
+	lease, _ := a.Lock(ctx, 0)
+	member, token, _ := c.Holder(g, 0)
+	fmt.Println("queue 0 held by", member, "with token", token)
+
+	got := make(chan ferry.Lease)
+	go func() {
+		l, _ := b.Lock(ctx, 0) // waits for node-a
+		got <- l
+	}()
+	c.Expire(g, "node-a")
+	next := <-got
+	lost := false
+	select {
+	case <-lease.Lost(): // closed before node-b's Lock returned
+		lost = true
+	default:
+	}
+	<-a.Done()
+	member, token, _ = c.Holder(g, 0)
+	fmt.Println("queue 0 held by", member, "with token", token, "| node-a's lease lost:", lost, "| next token:", next.Token())
+	<-b.Changed()
+	fmt.Println("node-b sees", b.Members())
+	for _, s := range c.Sessions() {
+		fmt.Println("session", s.Group, s.Member, "holding", s.Queues)
+	}
+	// Output:
+	// queue 0 held by node-a with token 1
+	// queue 0 held by node-b with token 2 | node-a's lease lost: true | next token: 2
+	// node-b sees [node-b]
+	// session billing/orders node-b holding [0]
+}

@@ -35,3 +35,11 @@ func TestFakeStorageConformance(t *testing.T) {
 		return ferrytest.NewFakeStorage()
 	})
 }
+
+func TestFakeCoordinatorConformance(t *testing.T) {
+	ferrytest.TestCoordinator(t, ferrytest.CoordinatorFeatures{
+		Expire: func(c ferry.Coordinator, g ferry.GroupKey, member string) {
+			c.(*ferrytest.FakeCoordinator).Expire(g, member)
+		},
+	}, func(t *testing.T) ferry.Coordinator { return ferrytest.NewFakeCoordinator() })
+}

@@ -142,6 +142,22 @@ var brokenCases = map[string]brokenCase{
 		},
 		want: "--- FAIL: TestSuitesCatchBrokenImplementations/WideQueues",
 	},
+	"cursor-forget-does-nothing": {
+		run: func(t *testing.T) {
+			ferrytest.TestCursorStore(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.CursorStore {
+				return forgetfulCursorStore{ferry.NewMemoryCursorStore()}
+			})
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Forget",
+	},
+	"cursor-fenced-ignores-token": {
+		run: func(t *testing.T) {
+			ferrytest.TestCursorStore(t, ferrytest.Features{}, func(t *testing.T, dir string) ferry.CursorStore {
+				return unfencedCursorStore{ferry.NewMemoryCursorStore()}
+			})
+		},
+		want: "with stale token 4: got no error, want ferry: fenced",
+	},
 	"allocator-two-owners": {
 		run: func(t *testing.T) {
 			ferrytest.TestAllocator(t, func(t *testing.T) ferry.Allocator {
@@ -429,4 +445,16 @@ func (s truncatedStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, q
 		return nil, err
 	}
 	return idQueue{q, ferry.QueueID{Topic: meta.Name, Queue: queue}}, nil
+}
+
+// forgetfulCursorStore's Forget does nothing.
+type forgetfulCursorStore struct{ *ferry.MemoryCursorStore }
+
+func (forgetfulCursorStore) Forget(ctx context.Context, topic, group string) error { return nil }
+
+// unfencedCursorStore's CommitFenced ignores the token.
+type unfencedCursorStore struct{ *ferry.MemoryCursorStore }
+
+func (s unfencedCursorStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	return s.Commit(ctx, topic, group, queue, offset)
 }

@@ -51,3 +51,20 @@ func TestCursorStoreConformance(t *testing.T) {
 		})
 	}
 }
+
+// TestCursorsListsGroupsCommittedBeyondQueues shows where the file store's
+// Cursors departs from the memory store's and from the doc of
+// [ferry.CursorGroups] ("the cursor of every group with a commit on
+// topic"): a group whose only commits are on queues at or past the
+// queues asked for is left out (the memory store lists it, all -1).
+// TestCursorStore does not check this edge; unskip once it is decided.
+func TestCursorsListsGroupsCommittedBeyondQueues(t *testing.T) {
+	t.Skip("known divergence from MemoryCursorStore, reported on branch coord-suite: Cursors omits a group whose commits are all on queues >= queues")
+	st, err := filestore.Open(t.TempDir())
+	require.NoError(t, err)
+	defer st.Close()
+	require.NoError(t, st.Commit(t.Context(), "orders", "shipping", 1, 3))
+	got, err := st.Cursors(t.Context(), "orders", 1)
+	require.NoError(t, err)
+	require.Equal(t, []int64{-1}, got.Groups["shipping"].Offsets)
+}
