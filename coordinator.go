@@ -42,8 +42,8 @@ func (g GroupKey) String() string { return g.Scope + "/" + g.Topic }
 type Coordinator interface {
 	// Join adds member to group g and returns its session; every session
 	// of the group is told ([Session.Changed]). A member already live in
-	// the group is [ErrInvalidOption]. An invalid key or an empty member
-	// is [ErrInvalidOption]. ctx bounds the call.
+	// the group, an empty scope or member is [ErrInvalidOption]; an
+	// invalid topic name [ErrInvalidTopic]. ctx bounds the call.
 	Join(ctx context.Context, g GroupKey, member string) (Session, error)
 	// Members returns g's live members, sorted; none for a group nobody
 	// joined.

@@ -65,7 +65,7 @@ type CursorStoreOpener func(t *testing.T, dir string) ferry.CursorStore
 //     commit's is [ferry.ErrFenced] and writes nothing; an equal or
 //     higher token writes; a plain Commit still writes (a reset) and
 //     does not lower the token; tokens are kept per topic, group and
-//     queue; with [Features].Persistent they survive a reopen.
+//     queue; with [Features].TokensPersist they survive a reopen.
 func TestCursorStore(t *testing.T, f Features, open CursorStoreOpener) {
 	t.Helper()
 	cs := &cursorSuite{f: f, open: open}
@@ -511,6 +511,11 @@ func (s *cursorSuite) fenced(t *testing.T, w *watchdog) {
 		return
 	}
 	wantCursor(t, w, cs, "orders", "billing", 3, 40)
+	if !s.f.TokensPersist {
+		fenced("orders", "billing", 0, 50, 3)
+		refused("orders", "billing", 0, 51, 2) // fencing starts again
+		return
+	}
 	refused("orders", "billing", 0, 50, 6) // tokens survive a reopen
 	wantCursor(t, w, cs, "orders", "billing", 3, 40)
 	fenced("orders", "billing", 0, 51, 7)

@@ -39,6 +39,13 @@ type Features struct {
 	// [ferry.TryWriter] and [ferry.Releaser]; the suite then checks
 	// back-pressure.
 	Block bool
+	// TokensPersist: a [ferry.FencedCursorStore]'s fencing tokens survive
+	// a reopen, as a store shared by processes needs (their coordinator's
+	// tokens outlive any one of them). A store owned by one process whose
+	// coordinator starts its tokens again with it (filestore) keeps them
+	// in memory instead, and TestCursorStore then only checks that a
+	// reopened store fences again.
+	TokensPersist bool
 	// Timeout bounds each subtest (see the package doc on the watchdog).
 	// Zero means [DefaultTimeout].
 	Timeout time.Duration

@@ -52,14 +52,10 @@ func TestCursorStoreConformance(t *testing.T) {
 	}
 }
 
-// TestCursorsListsGroupsCommittedBeyondQueues shows where the file store's
-// Cursors departs from the memory store's and from the doc of
-// [ferry.CursorGroups] ("the cursor of every group with a commit on
-// topic"): a group whose only commits are on queues at or past the
-// queues asked for is left out (the memory store lists it, all -1).
-// TestCursorStore does not check this edge; unskip once it is decided.
+// TestCursorsListsGroupsCommittedBeyondQueues: a group whose only commits
+// are on queues at or past the queues asked for is listed, all -1, as the
+// doc of [ferry.CursorGroups] says and the memory store does.
 func TestCursorsListsGroupsCommittedBeyondQueues(t *testing.T) {
-	t.Skip("known divergence from MemoryCursorStore, reported on branch coord-suite: Cursors omits a group whose commits are all on queues >= queues")
 	st, err := filestore.Open(t.TempDir())
 	require.NoError(t, err)
 	defer st.Close()

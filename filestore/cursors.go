@@ -378,7 +378,7 @@ func (c *cursorStore) cursors(ctx context.Context, topic string, queues int) (fe
 	}
 	out := ferry.Cursors{Topic: topic, Groups: map[string]ferry.Cursor{}}
 	for k, off := range c.m {
-		if k.topic != topic || k.queue >= queues {
+		if k.topic != topic {
 			continue
 		}
 		cur, ok := out.Groups[k.group]
@@ -389,7 +389,9 @@ func (c *cursorStore) cursors(ctx context.Context, topic string, queues int) (fe
 			}
 			out.Groups[k.group] = cur
 		}
-		cur.Offsets[k.queue] = off
+		if k.queue < queues {
+			cur.Offsets[k.queue] = off
+		}
 	}
 	return out, nil
 }
