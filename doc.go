@@ -81,6 +81,23 @@
 // for testing code that publishes or consumes; package filestore keeps
 // queues and cursors on disk.
 //
+// # Coordination
+//
+// Group membership and queue locks go through a [Coordinator]
+// ([WithCoordinator]; a [MemoryCoordinator] per broker by default). A
+// member's [Session] tells it of membership changes and ends when it
+// leaves or expires; each queue it owns is held by a [Lease] whose
+// [Lease.Token] grows with every lock of that queue and whose
+// [Lease.Lost] fires before anyone else can lock it. On Lost a member
+// stops the queue at once, cancels its handlers and commits nothing
+// more; an expired session joins again. Commits carry the token where
+// the cursor store is a [FencedCursorStore], which refuses a stale one
+// with [ErrFenced] (treated as Lost). Brokers sharing a Storage, a
+// CursorStore and a Coordinator behave as one: members in any of them
+// split a group's queues, topics created through one are found by the
+// others ([SharedStorage]), and [Block] release counts every group with
+// a cursor in the store ([CursorGroups]).
+//
 // # Errors
 //
 // Errors wrap the sentinels of errors.go ([ErrClosed], [ErrTopicNotFound],

@@ -40,6 +40,23 @@ type ReadableQueue interface {
 	Offsets() (oldest, next int64)
 }
 
+// OffsetsContexter is an optional interface of a [ReadableQueue] whose
+// offsets live across a network (a distributed storage): OffsetsContext
+// is Offsets bounded by ctx, with the error Offsets cannot return. The
+// consumer uses it where a queue has it.
+type OffsetsContexter interface {
+	OffsetsContext(ctx context.Context) (oldest, next int64, err error)
+}
+
+// queueOffsets returns q's offsets, through OffsetsContext where q has it.
+func queueOffsets(ctx context.Context, q ReadableQueue) (oldest, next int64, err error) {
+	if oc, ok := q.(OffsetsContexter); ok {
+		return oc.OffsetsContext(ctx)
+	}
+	oldest, next = q.Offsets()
+	return oldest, next, nil
+}
+
 // Queue is one partition of a topic: an append-only log with contiguous
 // offsets from 0. Close is idempotent; every other method returns
 // [ErrClosed] after it (Offsets returns what it last knew).

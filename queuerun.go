@@ -169,7 +169,10 @@ func (r *queueRun) load() (int64, error) {
 	}
 	m.b.groups.register(m.topic, m.scope, offs)
 	cur := offs[r.q]
-	oldest, next := r.queue.Offsets()
+	oldest, next, err := queueOffsets(r.ctx, r.queue)
+	if err != nil {
+		return 0, errorf("ferry: take %s: %w", r.id, err)
+	}
 	start := cur
 	switch {
 	case cur < 0 && m.cfg.startFrom == Latest:
@@ -177,7 +180,7 @@ func (r *queueRun) load() (int64, error) {
 	case cur < 0:
 		start = oldest
 	case cur < oldest || cur > next:
-		start = r.resetTo(cur)
+		start = r.resetTo(cur, oldest, next)
 	}
 	if start != cur {
 		if err := r.commitCursor(r.ctx, start); err != nil {
@@ -192,9 +195,8 @@ func (r *queueRun) load() (int64, error) {
 }
 
 // resetTo returns where a consumer at offset from, outside the retained
-// range, goes on, and reports the reset.
-func (r *queueRun) resetTo(from int64) int64 {
-	oldest, next := r.queue.Offsets()
+// range [oldest, next], goes on, and reports the reset.
+func (r *queueRun) resetTo(from, oldest, next int64) int64 {
 	to := oldest
 	if from > next {
 		to = next
@@ -222,14 +224,18 @@ func (r *queueRun) fetch() {
 			case r.ctx.Err() != nil:
 				return
 			case errors.Is(err, ErrOffsetOutOfRange):
-				to := r.resetTo(next)
-				if to < next {
-					r.buf.Reset(to)
-				} else {
-					r.buf.Advance(to)
+				oldest, end, oerr := queueOffsets(r.ctx, r.queue)
+				if oerr == nil {
+					to := r.resetTo(next, oldest, end)
+					if to < next {
+						r.buf.Reset(to)
+					} else {
+						r.buf.Advance(to)
+					}
+					m.markDirty()
+					continue
 				}
-				m.markDirty()
-				continue
+				err = oerr
 			case errors.Is(err, ErrClosed):
 				<-r.ctx.Done() // the broker is closing; it closes us too
 				return
