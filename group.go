@@ -6,30 +6,42 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 )
 
 // groupRegistry is the broker's part of consumption: the coordinator, the
 // consumers to close with the broker, and the progress of the groups
 // reading each topic with [Block] overflow, from which it releases those
 // topics' queues. Over a cursor store with [CursorGroups] the progress is
-// the store's, read at each release, so the groups of every broker over
-// the store (in any process) count, running or not. Over another store it
-// is what this broker's members committed since it started.
+// the store's, read again at a release when the copy here is older than
+// progressRefresh, so the groups of every broker over the store (in any
+// process) count, running or not; between two reads this broker's own
+// commits update the copy, and another's can only be further on than the
+// copy says, which holds back more, never less. Over another store it is
+// what this broker's members committed since it started.
 type groupRegistry struct {
 	coord   Coordinator
 	cursors CursorStore
 
 	mu        sync.Mutex // guards the fields below
 	closers   map[*groupMember]struct{}
-	committed map[string]map[string][]int64 // topic -> cursor scope -> offset per queue, without CursorGroups
+	committed map[string]map[string][]int64 // topic -> cursor scope -> offset per queue
+	readAt    map[string]time.Time          // topic -> when committed was read from the store
 	closed    bool
 }
+
+// progressRefresh bounds the age of the group progress a release of a
+// Block queue computes from, over a store with [CursorGroups]: a group
+// that starts consuming through another broker holds the queue back
+// within this time.
+const progressRefresh = 10 * time.Millisecond
 
 func (r *groupRegistry) init(coord Coordinator, cursors CursorStore) {
 	r.coord = coord
 	r.cursors = cursors
 	r.closers = map[*groupMember]struct{}{}
 	r.committed = map[string]map[string][]int64{}
+	r.readAt = map[string]time.Time{}
 }
 
 // add registers a member to close with the broker.
@@ -70,9 +82,6 @@ func (r *groupRegistry) closeAll() error {
 // queues before its first commit; the store's listing does that by
 // itself.
 func (r *groupRegistry) register(topic, scope string, start []int64) {
-	if _, ok := r.cursors.(CursorGroups); ok {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	byScope := r.committed[topic]
@@ -92,25 +101,36 @@ func (r *groupRegistry) register(topic, scope string, start []int64) {
 // releaseTo returns the offset below which every group reading t is done
 // with queue q, given that scope has just committed offset there.
 func (r *groupRegistry) releaseTo(ctx context.Context, t *topicState, scope string, q int, offset int64) (int64, error) {
-	low := offset
+	name := t.meta.Name
 	if cg, ok := r.cursors.(CursorGroups); ok {
-		cs, err := cg.Cursors(ctx, t.meta.Name, len(t.queues))
-		if err != nil {
-			return 0, err
-		}
-		for _, c := range cs.Groups {
-			if q < len(c.Offsets) {
-				low = min(low, max(0, c.Offsets[q]))
+		r.mu.Lock()
+		stale := time.Since(r.readAt[name]) > progressRefresh
+		r.mu.Unlock()
+		if stale {
+			cs, err := cg.Cursors(ctx, name, len(t.queues))
+			if err != nil {
+				return 0, err
 			}
+			byScope := make(map[string][]int64, len(cs.Groups))
+			for g, c := range cs.Groups {
+				for i, o := range c.Offsets {
+					c.Offsets[i] = max(0, o)
+				}
+				byScope[g] = c.Offsets
+			}
+			r.mu.Lock()
+			r.committed[name] = byScope
+			r.readAt[name] = time.Now()
+			r.mu.Unlock()
 		}
-		return low, nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	byScope := r.committed[t.meta.Name]
+	byScope := r.committed[name]
 	if offs := byScope[scope]; q < len(offs) {
 		offs[q] = offset
 	}
+	low := offset
 	for _, offs := range byScope {
 		if q < len(offs) {
 			low = min(low, offs[q])
@@ -173,6 +193,7 @@ func (r *groupRegistry) forget(ctx context.Context, t *topicState, group string)
 		}
 		delete(byScope, scope)
 	}
+	delete(r.readAt, name) // the next release reads the store again
 	if len(scopes) == 0 || t.meta.Retention.Overflow != Block {
 		return nil
 	}
