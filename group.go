@@ -139,6 +139,36 @@ func (r *groupRegistry) releaseTo(ctx context.Context, t *topicState, scope stri
 	return low, nil
 }
 
+// invalidate makes the next release of topic read the store's progress
+// again.
+func (r *groupRegistry) invalidate(topic string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.readAt, topic)
+}
+
+// checkIdle returns ErrGroupActive if scope has a member on t: open in
+// this broker (closing included) or live in the coordinator.
+func (r *groupRegistry) checkIdle(ctx context.Context, t *topicState, scope string) error {
+	name := t.meta.Name
+	r.mu.Lock()
+	for m := range r.closers {
+		if m.topic == name && m.scope == scope {
+			r.mu.Unlock()
+			return fmt.Errorf("%w: %q on topic %q", ErrGroupActive, scope, name)
+		}
+	}
+	r.mu.Unlock()
+	live, err := r.coord.Members(ctx, GroupKey{Scope: scope, Topic: name})
+	if err != nil {
+		return err
+	}
+	if len(live) > 0 {
+		return fmt.Errorf("%w: %q on topic %q (members %v)", ErrGroupActive, scope, name, live)
+	}
+	return nil
+}
+
 // forget drops the progress of group on t (its own scope and those of its
 // broadcast members, "<group>@<member>"): it deletes its cursors from a
 // store with [CursorGroups] and what this broker tracks, so it no longer

@@ -1,0 +1,263 @@
+package ferry
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// QueueLag is one queue's view of a group's progress.
+type QueueLag struct {
+	// Queue is the queue.
+	Queue QueueID
+	// Committed is the group's committed cursor (the next offset it
+	// consumes), -1 when it has committed nothing on the queue.
+	Committed int64
+	// Oldest and Next are the queue's oldest retained and next offsets.
+	Oldest, Next int64
+	// Lag is how many retained messages the group has still to consume:
+	// Next − max(Committed, Oldest). A group without a cursor counts
+	// every retained message (it starts from the oldest by default).
+	Lag int64
+}
+
+// GroupLag is a consumer group's progress on a topic: per queue, and
+// totals.
+type GroupLag struct {
+	// Group is the cursor group: a consumer group, or
+	// "<group>@<member>" for a broadcast member.
+	Group string
+	// Topic is the topic.
+	Topic string
+	// Members are the group's live members (see [Coordinator.Members]).
+	Members []string
+	// Queues is one entry per queue of the topic, by queue.
+	Queues []QueueLag
+	// Lag is the sum of the queues' Lag.
+	Lag int64
+}
+
+// Groups returns the progress of every group with a committed cursor on
+// topic, sorted by group (broadcast members' cursors are groups of their
+// own, "<group>@<member>"). It needs a cursor store with [CursorGroups],
+// as the memory and file stores are; over another store it is
+// [ErrInvalidOption]. An unknown topic is [ErrTopicNotFound].
+func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
+	t, cg, err := b.adminTopic(topic)
+	if err != nil {
+		return nil, errorf("ferry: groups: %w", err)
+	}
+	cs, err := cg.Cursors(ctx, topic, len(t.queues))
+	if err != nil {
+		return nil, errorf("ferry: groups: %w", err)
+	}
+	names := slices.Sorted(mapKeysOf(cs.Groups))
+	out := make([]GroupLag, 0, len(names))
+	for _, g := range names {
+		gl, err := b.groupLag(ctx, t, g, cs.Groups[g].Offsets)
+		if err != nil {
+			return nil, errorf("ferry: groups: %w", err)
+		}
+		out = append(out, gl)
+	}
+	return out, nil
+}
+
+// Lag returns the progress of group on topic; a group that never
+// committed there has every retained message to go. Errors as
+// [Broker.Groups].
+func (b *Broker) Lag(ctx context.Context, topic, group string) (GroupLag, error) {
+	t, _, err := b.adminTopic(topic)
+	if err != nil {
+		return GroupLag{}, errorf("ferry: lag: %w", err)
+	}
+	offs, err := b.cursors.Load(ctx, topic, group, len(t.queues))
+	if err != nil {
+		return GroupLag{}, errorf("ferry: lag: %w", err)
+	}
+	gl, err := b.groupLag(ctx, t, group, offs)
+	if err != nil {
+		return GroupLag{}, errorf("ferry: lag: %w", err)
+	}
+	return gl, nil
+}
+
+// adminTopic returns the named topic and the cursor store's group
+// listing.
+func (b *Broker) adminTopic(topic string) (*topicState, CursorGroups, error) {
+	t, err := b.topic(topic)
+	if err != nil {
+		return nil, nil, err
+	}
+	cg, ok := b.cursors.(CursorGroups)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: cursor store %T does not list groups (ferry.CursorGroups)", ErrInvalidOption, b.cursors)
+	}
+	return t, cg, nil
+}
+
+func (b *Broker) groupLag(ctx context.Context, t *topicState, group string, offs []int64) (GroupLag, error) {
+	gl := GroupLag{Group: group, Topic: t.meta.Name, Queues: make([]QueueLag, len(t.queues))}
+	members, err := b.coord.Members(ctx, GroupKey{Scope: group, Topic: t.meta.Name})
+	if err != nil {
+		return GroupLag{}, err
+	}
+	gl.Members = members
+	for i, q := range t.queues {
+		oldest, next, err := queueOffsets(ctx, q)
+		if err != nil {
+			return GroupLag{}, err
+		}
+		ql := QueueLag{Queue: QueueID{Topic: t.meta.Name, Queue: i}, Committed: -1, Oldest: oldest, Next: next}
+		if i < len(offs) {
+			ql.Committed = offs[i]
+		}
+		ql.Lag = max(0, next-max(ql.Committed, oldest))
+		gl.Queues[i] = ql
+		gl.Lag += ql.Lag
+	}
+	return gl, nil
+}
+
+// ResetTo says where [Broker.ResetGroup] moves a group's cursors: make
+// one with [ResetToEarliest], [ResetToLatest], [ResetToOffsets] or
+// [ResetToTime].
+type ResetTo struct {
+	kind    int // resetEarliest, resetLatest, resetOffsets, resetTime
+	offsets map[int]int64
+	at      time.Time
+}
+
+const (
+	resetEarliest = iota + 1
+	resetLatest
+	resetOffsets
+	resetTime
+)
+
+// ResetToEarliest moves every cursor to its queue's oldest retained
+// offset: the group consumes again all that is retained.
+func ResetToEarliest() ResetTo { return ResetTo{kind: resetEarliest} }
+
+// ResetToLatest moves every cursor to its queue's next offset: the group
+// skips all that is retained.
+func ResetToLatest() ResetTo { return ResetTo{kind: resetLatest} }
+
+// ResetToOffsets moves the cursors of the queues named (by index) to the
+// given offsets, which must lie in their queue's retained range [oldest,
+// next]; the others stay.
+func ResetToOffsets(offsets map[int]int64) ResetTo {
+	return ResetTo{kind: resetOffsets, offsets: offsets}
+}
+
+// ResetToTime moves every cursor to the first message of its queue
+// stored at or after t (its StoreTime), or to the queue's next offset if
+// there is none; a time before the oldest retained message is the oldest.
+// StoreTime is taken as growing along a queue (the store's clock, or the
+// producers' in memory), and the offset is found by binary search over
+// the queue's reads, not by a scan.
+func ResetToTime(t time.Time) ResetTo { return ResetTo{kind: resetTime, at: t} }
+
+// ResetGroup moves the cursors of group on topic as to says, and returns
+// where each queue's cursor now stands (one offset per queue). It is
+// refused with [ErrGroupActive] while the group has a member (in this
+// broker, closing included, or live elsewhere by the coordinator), as
+// Kafka refuses to reset an active group: stop its consumers first, or
+// use Consumer.Seek. An empty group is [ErrInvalidOption], an unknown
+// topic [ErrTopicNotFound], an offset outside its queue's retained range
+// or a queue out of range [ErrOffsetOutOfRange], and then nothing moves.
+func (b *Broker) ResetGroup(ctx context.Context, group, topic string, to ResetTo) ([]int64, error) {
+	offs, err := b.resetGroup(ctx, group, topic, to)
+	if err != nil {
+		return nil, errorf("ferry: reset group %q on %q: %w", group, topic, err)
+	}
+	return offs, nil
+}
+
+func (b *Broker) resetGroup(ctx context.Context, group, topic string, to ResetTo) ([]int64, error) {
+	if group == "" || len(group) > 255 {
+		return nil, fmt.Errorf("%w: group name of %d bytes", ErrInvalidOption, len(group))
+	}
+	t, err := b.topic(topic)
+	if err != nil {
+		return nil, err
+	}
+	if to.kind == 0 {
+		return nil, fmt.Errorf("%w: a zero ResetTo", ErrInvalidOption)
+	}
+	if err := b.groups.checkIdle(ctx, t, group); err != nil {
+		return nil, err
+	}
+	cur, err := b.cursors.Load(ctx, topic, group, len(t.queues))
+	if err != nil {
+		return nil, err
+	}
+	target := slices.Clone(cur)
+	for q := range to.offsets {
+		if q < 0 || q >= len(t.queues) {
+			return nil, fmt.Errorf("%w: queue %d of %d", ErrOffsetOutOfRange, q, len(t.queues))
+		}
+	}
+	for i, q := range t.queues {
+		oldest, next, err := queueOffsets(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		switch to.kind {
+		case resetEarliest:
+			target[i] = oldest
+		case resetLatest:
+			target[i] = next
+		case resetOffsets:
+			off, ok := to.offsets[i]
+			if !ok {
+				continue
+			}
+			if off < oldest || off > next {
+				return nil, fmt.Errorf("%w: queue %d offset %d outside [%d, %d]", ErrOffsetOutOfRange, i, off, oldest, next)
+			}
+			target[i] = off
+		case resetTime:
+			off, err := offsetAtTime(ctx, q, to.at, oldest, next)
+			if err != nil {
+				return nil, err
+			}
+			target[i] = off
+		}
+	}
+	for i, off := range target {
+		if off < 0 || off == cur[i] {
+			continue
+		}
+		if err := b.cursors.Commit(ctx, topic, group, i, off); err != nil {
+			return nil, err
+		}
+	}
+	b.groups.invalidate(topic) // a Block release must see the cursors moved back
+	b.log.Info("ferry: group reset", "group", group, "topic", topic, "from", cur, "to", target)
+	return target, nil
+}
+
+// offsetAtTime returns the first offset in [oldest, next) of q whose
+// message was stored at or after at, or next, by binary search.
+func offsetAtTime(ctx context.Context, q Queue, at time.Time, oldest, next int64) (int64, error) {
+	one := make([]*EnhancedMessage, 1)
+	lo, hi := oldest, next // the answer is in [lo, hi]
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		n, err := q.Read(ctx, mid, one)
+		if err != nil {
+			return 0, err
+		}
+		if n < 1 {
+			return 0, fmt.Errorf("queue %T read nothing at %d", q, mid)
+		}
+		if !one[0].StoreTime.Before(at) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo, nil
+}
