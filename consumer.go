@@ -107,5 +107,31 @@ func (c *Consumer) Close() error { return c.m.close() }
 // Assigned returns the queues the consumer holds now, sorted.
 func (c *Consumer) Assigned() []QueueID { return c.m.assigned() }
 
+// Pause stops fetching and handling the given queues, or every queue the
+// consumer holds or will hold when none is given (a database is down,
+// say): no handler call starts for them, those in flight finish, fetched
+// messages wait in the buffer, and the queues stay owned, so the group
+// does not rebalance. Resume goes on from the same place. Pausing a
+// paused queue does nothing; a queue of another topic is
+// [ErrInvalidOption] and nothing changes.
+func (c *Consumer) Pause(queues ...QueueID) error {
+	if err := c.m.pause(true, queues); err != nil {
+		return errorf("ferry: pause: %w", err)
+	}
+	return nil
+}
+
+// Resume undoes [Consumer.Pause] for the given queues, or for every queue
+// when none is given.
+func (c *Consumer) Resume(queues ...QueueID) error {
+	if err := c.m.pause(false, queues); err != nil {
+		return errorf("ferry: resume: %w", err)
+	}
+	return nil
+}
+
+// Paused returns the queues the consumer holds and has paused, sorted.
+func (c *Consumer) Paused() []QueueID { return c.m.pausedQueues() }
+
 // MemberID returns the consumer's ID in its group (see [WithMemberID]).
 func (c *Consumer) MemberID() string { return c.m.cfg.memberID }

@@ -51,6 +51,8 @@ type groupMember struct {
 	lastErr   string
 	firstRuns []*queueRun
 	closeErrs []error // what failed while closing: Close returns it
+	pauseAll  bool         // every queue is paused, those assigned later too
+	paused    map[int]bool // queues paused one by one
 
 	startMu   sync.Mutex // serializes start: one Join at a time
 	closeOnce sync.Once
@@ -240,6 +242,56 @@ func (m *groupMember) close() error {
 		m.mu.Unlock()
 	})
 	return m.closeErr
+}
+
+// pause pauses (or, with p false, resumes) the queues of ids, or every
+// queue (those assigned later too) when ids is empty. A queue of another
+// topic or out of range is ErrInvalidOption, and nothing changes.
+func (m *groupMember) pause(p bool, ids []QueueID) error {
+	for _, id := range ids {
+		if id.Topic != m.topic || id.Queue < 0 || (m.ids != nil && id.Queue >= len(m.ids)) {
+			return fmt.Errorf("%w: queue %s is not one of topic %q", ErrInvalidOption, id, m.topic)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(ids) == 0 {
+		m.pauseAll = p
+		clear(m.paused)
+	} else {
+		if m.paused == nil {
+			m.paused = map[int]bool{}
+		}
+		for _, id := range ids {
+			m.paused[id.Queue] = p
+		}
+	}
+	for q, r := range m.runs {
+		r.setPaused(m.pausedLocked(q))
+	}
+	return nil
+}
+
+// pausedLocked reports whether queue q is to be paused. m.mu held.
+func (m *groupMember) pausedLocked(q int) bool {
+	if p, ok := m.paused[q]; ok {
+		return p
+	}
+	return m.pauseAll
+}
+
+// pausedQueues returns the queues held and paused, sorted.
+func (m *groupMember) pausedQueues() []QueueID {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []QueueID
+	for _, r := range m.runs {
+		if r.paused.Load() {
+			out = append(out, r.id)
+		}
+	}
+	slices.SortFunc(out, QueueID.Compare)
+	return out
 }
 
 // assigned returns the queues whose lock the member holds, sorted.
@@ -452,6 +504,7 @@ func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
 				continue
 			}
 			r := m.newRun(q.Queue, sess)
+			r.paused.Store(m.pausedLocked(q.Queue))
 			m.runs[q.Queue] = r
 			started = append(started, r)
 			m.wg.Add(1)

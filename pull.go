@@ -201,6 +201,28 @@ func (c *PullConsumer) Messages(ctx context.Context) iter.Seq2[*EnhancedMessage,
 // Assigned returns the queues the consumer holds now, sorted.
 func (c *PullConsumer) Assigned() []QueueID { return c.m.assigned() }
 
+// Pause stops fetching the given queues, or every queue when none is
+// given, and Poll returns none of their messages until Resume; the
+// queues stay owned. See [Consumer.Pause].
+func (c *PullConsumer) Pause(queues ...QueueID) error {
+	if err := c.m.pause(true, queues); err != nil {
+		return errorf("ferry: pause: %w", err)
+	}
+	return nil
+}
+
+// Resume undoes [PullConsumer.Pause] for the given queues, or for every
+// queue when none is given.
+func (c *PullConsumer) Resume(queues ...QueueID) error {
+	if err := c.m.pause(false, queues); err != nil {
+		return errorf("ferry: resume: %w", err)
+	}
+	return nil
+}
+
+// Paused returns the queues the consumer holds and has paused, sorted.
+func (c *PullConsumer) Paused() []QueueID { return c.m.pausedQueues() }
+
 // MemberID returns the consumer's ID in its group.
 func (c *PullConsumer) MemberID() string { return c.m.cfg.memberID }
 

@@ -39,6 +39,8 @@ type queueRun struct {
 	releasing atomic.Bool // revoked: no take from the buffer, no retry starts
 	finished  atomic.Bool // drained (or the drain gave up): no handling starts
 	lost      atomic.Bool // the lease was lost (or fenced): no commit from now on
+	paused    atomic.Bool // no fetch and no take until resumed (see Consumer.Pause)
+	resumed   chan struct{} // a value when paused turns false
 
 	inReady bool // guarded by m.sched.mu
 
@@ -51,6 +53,7 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r := &queueRun{
 		m: m, q: q, id: m.ids[q], queue: m.t.queues[q], sess: sess,
 		buf:   newBuffer(m.cfg.buffer),
+		resumed: make(chan struct{}, 1),
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
 	}
@@ -214,6 +217,13 @@ func (r *queueRun) fetch() {
 	m := r.m
 	scratch := make([]*EnhancedMessage, min(maxFetchBatch, max(1, r.buf.highMsgs)))
 	for {
+		for r.paused.Load() {
+			select {
+			case <-r.resumed:
+			case <-r.ctx.Done():
+				return
+			}
+		}
 		next := r.buf.Next()
 		n, err := r.queue.Read(r.ctx, next, scratch)
 		if err == nil {
@@ -299,6 +309,21 @@ func checkRead(q Queue, next int64, dst []*EnhancedMessage, n int) error {
 		want = m.Offset + 1
 	}
 	return nil
+}
+
+// setPaused pauses or resumes the run: a paused run fetches nothing more
+// and hands none of its pending messages out; what is in flight goes on.
+func (r *queueRun) setPaused(p bool) {
+	if r.paused.Swap(p) == p || p {
+		return
+	}
+	select {
+	case r.resumed <- struct{}{}:
+	default:
+	}
+	if r.buf.Pending() > 0 {
+		r.m.sched.push(r)
+	}
 }
 
 // revoke stops intake at once, before the run drains: no message is taken

@@ -68,8 +68,8 @@ func (s *scheduler) next(ctx context.Context, halt <-chan struct{}) (*queueRun, 
 			for s.ready.len() > 0 && r == nil {
 				r = s.ready.pop()
 				r.inReady = false
-				if r.releasing.Load() {
-					r = nil
+				if r.releasing.Load() || r.paused.Load() {
+					r = nil // resume lists it again
 				}
 			}
 		}
