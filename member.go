@@ -50,7 +50,7 @@ type groupMember struct {
 	state     int // memberNew, memberStarted, memberClosed
 	lastErr   string
 	firstRuns []*queueRun
-	closeErrs []error // what failed while closing: Close returns it
+	closeErrs []error      // what failed while closing: Close returns it
 	pauseAll  bool         // every queue is paused, those assigned later too
 	paused    map[int]bool // queues paused one by one
 

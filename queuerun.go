@@ -35,11 +35,11 @@ type queueRun struct {
 	ready   chan struct{} // closed once the queue is taken (or the take gave up)
 	done    chan struct{} // closed when the run has released the queue
 
-	owned     atomic.Bool // lock held and cursor loaded
-	releasing atomic.Bool // revoked: no take from the buffer, no retry starts
-	finished  atomic.Bool // drained (or the drain gave up): no handling starts
-	lost      atomic.Bool // the lease was lost (or fenced): no commit from now on
-	paused    atomic.Bool // no fetch and no take until resumed (see Consumer.Pause)
+	owned     atomic.Bool   // lock held and cursor loaded
+	releasing atomic.Bool   // revoked: no take from the buffer, no retry starts
+	finished  atomic.Bool   // drained (or the drain gave up): no handling starts
+	lost      atomic.Bool   // the lease was lost (or fenced): no commit from now on
+	paused    atomic.Bool   // no fetch and no take until resumed (see Consumer.Pause)
 	resumed   chan struct{} // a value when paused turns false
 
 	inReady bool // guarded by m.sched.mu
@@ -52,10 +52,10 @@ type queueRun struct {
 func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r := &queueRun{
 		m: m, q: q, id: m.ids[q], queue: m.t.queues[q], sess: sess,
-		buf:   newBuffer(m.cfg.buffer),
+		buf:     newBuffer(m.cfg.buffer),
 		resumed: make(chan struct{}, 1),
-		ready: make(chan struct{}),
-		done:  make(chan struct{}),
+		ready:   make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.hctx, r.hcancel = context.WithCancel(context.Background())
