@@ -65,6 +65,8 @@ type consumerConfig struct {
 	drainTimeout time.Duration
 	onError      func(error)
 	onReset      func(q QueueID, from, to int64)
+	onAssigned   func(QueueID)
+	onRevoked    func(QueueID)
 	autoCommit   bool
 
 	pushOnly []string // push-only options given
@@ -196,6 +198,26 @@ func WithOnError(f func(error)) ConsumerOption { return func(c *consumerConfig) 
 // broker's logger logs it at Warn too. It must not block. Default: none.
 func WithOnReset(f func(q QueueID, from, to int64)) ConsumerOption {
 	return func(c *consumerConfig) { c.onReset = f }
+}
+
+// WithOnAssigned sets a function called when the consumer has taken a
+// queue (locked it and loaded its cursor), before it fetches from it:
+// open a connection for it, say. It is called once per queue taken, from
+// that queue's goroutine, so for different queues at once; a panic in it
+// is reported (see [WithOnError]). Default: none.
+func WithOnAssigned(f func(QueueID)) ConsumerOption {
+	return func(c *consumerConfig) { c.onAssigned = f }
+}
+
+// WithOnRevoked sets a function called when the consumer gives a queue up
+// (a rebalance, Close), after its in-flight messages finished (or the
+// drain timed out) and its cursor was committed, and before it unlocks
+// the queue for the next owner: release what [WithOnAssigned] opened. It
+// is called too when the queue's lease was lost (no drain and no commit
+// then: the next owner may have it already). Called once per queue, from
+// that queue's goroutine; a panic in it is reported. Default: none.
+func WithOnRevoked(f func(QueueID)) ConsumerOption {
+	return func(c *consumerConfig) { c.onRevoked = f }
 }
 
 // WithAutoCommit makes a [PullConsumer] mark the messages of a Poll

@@ -93,9 +93,25 @@ func (r *queueRun) run() {
 	}
 	r.buf.Reset(start)
 	r.owned.Store(true)
+	r.callback("assigned", m.cfg.onAssigned)
 	readyOnce()
 	r.fetch()
 	r.release()
+	r.callback("revoked", m.cfg.onRevoked)
+}
+
+// callback calls f (a rebalance callback) with the queue, reporting a
+// panic.
+func (r *queueRun) callback(name string, f func(QueueID)) {
+	if f == nil {
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			r.m.report(errorf("ferry: on %s %s: panic: %v", name, r.id, p))
+		}
+	}()
+	f(r.id)
 }
 
 // watchLost makes the run lose the queue when its lease is lost, and
