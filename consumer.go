@@ -3,6 +3,7 @@ package ferry
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 )
 
 // Handler handles one message. A nil error finishes it; an error retries
@@ -38,8 +39,11 @@ func (f HandlerFunc) Handle(ctx context.Context, m *EnhancedMessage) error { ret
 type Consumer struct {
 	m *groupMember
 	h Handler
-	d *deliverer // set by Start
+	d atomic.Pointer[deliverer] // set by Start
 }
+
+// deliverer returns the consumer's deliverer, nil before Start.
+func (c *Consumer) deliverer() *deliverer { return c.d.Load() }
 
 // NewConsumer returns a push consumer for topic in group, handling
 // messages with h. It does nothing until [Consumer.Start]. An empty or
@@ -81,7 +85,7 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 func (c *Consumer) Start(ctx context.Context) error {
 	err := c.m.start(ctx, func() {
 		d := newDeliverer(c.m, c.h)
-		c.d = d
+		c.d.Store(d)
 		c.m.dropRetries = d.dropRetries
 		c.m.wg.Add(c.m.cfg.concurrency + 1)
 		for range c.m.cfg.concurrency {

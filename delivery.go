@@ -46,6 +46,21 @@ func DeliveryFrom(ctx context.Context) (Delivery, bool) {
 type deliveryCtx struct {
 	context.Context
 	d Delivery
+	// handled and failed count the worker's handler calls since its
+	// last flush into the deliverer's counters (once a batch).
+	handled, failed uint64
+}
+
+// flush adds the worker's counts to d's.
+func (c *deliveryCtx) flush(d *deliverer) {
+	if c.handled > 0 {
+		d.handled.Add(c.handled)
+		c.handled = 0
+	}
+	if c.failed > 0 {
+		d.failed.Add(c.failed)
+		c.failed = 0
+	}
 }
 
 func (c *deliveryCtx) Value(key any) any {
@@ -91,6 +106,9 @@ type deliverer struct {
 	// the batches the workers time: it sizes batches and decides when a
 	// worker calls another to share a queue's pending messages.
 	cost atomic.Int64
+
+	// Counters for Stats.
+	handled, failed, retried, deadLettered atomic.Uint64
 
 	retryWake chan struct{}
 	mu        sync.Mutex // guards delayed and producer
@@ -170,6 +188,7 @@ func (d *deliverer) work() {
 			} else {
 				done = d.handle(dctx, it.r, it.msg, it.attempt)
 			}
+			dctx.flush(d)
 			if done {
 				it.r.buf.Done(it.msg)
 				m.finished(it.r)
@@ -211,6 +230,7 @@ func (d *deliverer) work() {
 			if timed {
 				d.record(time.Since(start), n)
 			}
+			dctx.flush(d)
 			if guarded {
 				guard.Stop()
 			}
@@ -253,6 +273,7 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 		}
 	}
 	r.buf.Unlock()
+	dctx.flush(d)
 	if r.buf.Pending() > 0 {
 		d.m.sched.push(r)
 	}
@@ -285,6 +306,7 @@ func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedM
 				}
 			}
 		}
+		d.retried.Add(1)
 		if !d.wait(r, backoff(m.cfg.backoff, m.cfg.maxBackoff, attempt)) {
 			return false
 		}
@@ -318,6 +340,7 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 	if attempt >= m.cfg.maxAttempts || isPermanent(err) {
 		return d.deadLetterOrRetry(r, msg, attempt, err, 1)
 	}
+	d.retried.Add(1)
 	d.schedule(&retryItem{r: r, msg: msg, attempt: attempt + 1, due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, attempt))})
 	return false
 }
@@ -344,6 +367,11 @@ func (d *deliverer) call(dctx *deliveryCtx, msg *EnhancedMessage, attempt int) (
 			err = errorf("ferry: handler panic: %v", p)
 			d.m.b.log.Error("ferry: handler panic", "group", d.m.group, "queue", msg.QueueID().String(),
 				"offset", msg.Offset, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		}
+		if err == nil {
+			dctx.handled++
+		} else {
+			dctx.failed++
 		}
 	}()
 	return d.h.Handle(dctx, msg)
@@ -404,6 +432,7 @@ func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, 
 		m.report(errorf("ferry: dead letter %s offset %d to %q: %w (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, m.cfg.deadLetter, err))
 		return false
 	}
+	d.deadLettered.Add(1)
 	m.b.log.Warn("ferry: dead letter", "group", m.group, "queue", msg.QueueID().String(), "offset", msg.Offset,
 		"attempts", attempts, "topic", m.cfg.deadLetter, "err", cause)
 	return true

@@ -39,6 +39,10 @@ type groupMember struct {
 	// commitCost is a moving average of the cursor store's commit time
 	// (ns); it starts slow, so the first commits go to the committer.
 	commitCost atomic.Int64
+	// lastCommit is when a cursor was last committed (Unix ns), and
+	// handled counts the messages a pull consumer finished: for Stats.
+	lastCommit atomic.Int64
+	handled    atomic.Uint64
 
 	// assignedFirst is closed by the loop once the first rebalance has
 	// started the runs of the first assignment (firstRuns), or when the
@@ -286,7 +290,7 @@ func (m *groupMember) pausedQueues() []QueueID {
 	defer m.mu.Unlock()
 	var out []QueueID
 	for _, r := range m.runs {
-		if r.paused.Load() {
+		if r.owned.Load() && r.paused.Load() {
 			out = append(out, r.id)
 		}
 	}

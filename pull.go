@@ -136,6 +136,7 @@ func (c *PullConsumer) finish(msgs []*EnhancedMessage) []*queueRun {
 		}
 		if r := m.runs[msg.Queue]; r != nil && !r.finished.Load() {
 			r.buf.Done(msg)
+			m.handled.Add(1)
 			if len(touched) == 0 || touched[len(touched)-1] != r {
 				touched = append(touched, r)
 			}

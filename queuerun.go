@@ -429,6 +429,7 @@ func (r *queueRun) commitLocked(final bool) error {
 		return errorf("ferry: commit %s at %d: %w", r.id, off, err)
 	}
 	r.committed = off
+	m.lastCommit.Store(time.Now().UnixNano())
 	r.releaseBlocked(off)
 	return nil
 }

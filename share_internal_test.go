@@ -52,7 +52,7 @@ func TestConsumerStalledHandlerDoesNotStrandPendingMessages(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.Start(ctx))
 	defer c.Close()
-	c.d.cost.Store(1) // a nanosecond a message: a worker keeps what it can
+	c.d.Load().cost.Store(1) // a nanosecond a message: a worker keeps what it can
 	p, err := b.NewProducer()
 	require.NoError(t, err)
 	msgs := make([]*Message, stall)

@@ -1,0 +1,91 @@
+package ferry
+
+import (
+	"slices"
+	"time"
+)
+
+// QueueStats is a consumer's view of one queue it holds.
+type QueueStats struct {
+	// Queue is the queue.
+	Queue QueueID
+	// Buffer is the queue's [Buffer] now: messages and bytes buffered,
+	// pending, in flight, peaks, whether fetching is paused by flow
+	// control, the committable offset.
+	Buffer BufferStats
+	// Committed is the cursor last committed for the queue.
+	Committed int64
+	// Paused reports whether [Consumer.Pause] paused the queue.
+	Paused bool
+}
+
+// ConsumerStats is a snapshot of a consumer, cheap enough to read often:
+// counters are atomics, and each held queue's buffer is read under its
+// own lock only.
+type ConsumerStats struct {
+	// Queues are the queues held now, sorted.
+	Queues []QueueStats
+	// InFlight counts the messages taken by handlers (or polled) and not
+	// finished, over every queue held.
+	InFlight int
+	// Buffered counts the messages fetched and not finished, over every
+	// queue held.
+	Buffered int
+	// Handled counts the handler calls that succeeded (for a
+	// [PullConsumer], the messages committed), since Start.
+	Handled uint64
+	// Failed counts the handler calls that failed (an error or a panic).
+	Failed uint64
+	// Retried counts the retries scheduled after a failure.
+	Retried uint64
+	// DeadLettered counts the messages sent to the dead-letter topic.
+	DeadLettered uint64
+	// LastCommit is when a cursor was last committed; zero before the
+	// first commit.
+	LastCommit time.Time
+}
+
+// stats returns the member's part of a snapshot.
+func (m *groupMember) stats() ConsumerStats {
+	var st ConsumerStats
+	m.mu.Lock()
+	runs := make([]*queueRun, 0, len(m.runs))
+	for _, r := range m.runs {
+		if r.owned.Load() {
+			runs = append(runs, r)
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(runs, func(a, b *queueRun) int { return a.q - b.q })
+	for _, r := range runs {
+		bs := r.buf.Stats()
+		r.commitMu.Lock()
+		committed := r.committed
+		r.commitMu.Unlock()
+		st.Queues = append(st.Queues, QueueStats{Queue: r.id, Buffer: bs, Committed: committed, Paused: r.paused.Load()})
+		st.InFlight += bs.InFlight
+		st.Buffered += bs.Messages
+	}
+	if ns := m.lastCommit.Load(); ns != 0 {
+		st.LastCommit = time.Unix(0, ns)
+	}
+	st.Handled = m.handled.Load()
+	return st
+}
+
+// Stats returns a snapshot of the consumer: the queues it holds with
+// their buffers, and counters since Start.
+func (c *Consumer) Stats() ConsumerStats {
+	st := c.m.stats()
+	if d := c.deliverer(); d != nil {
+		st.Handled += d.handled.Load()
+		st.Failed = d.failed.Load()
+		st.Retried = d.retried.Load()
+		st.DeadLettered = d.deadLettered.Load()
+	}
+	return st
+}
+
+// Stats returns a snapshot of the consumer: the queues it holds with
+// their buffers, and the messages committed since Start (Handled).
+func (c *PullConsumer) Stats() ConsumerStats { return c.m.stats() }
