@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -60,7 +61,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		code = ee.code
 	}
 	if !errors.Is(err, errSilent) {
-		fmt.Fprintln(stderr, "ferry:", err)
+		fmt.Fprintln(stderr, "ferry:", strings.TrimPrefix(err.Error(), "ferry: "))
 	}
 	return code
 }
