@@ -37,13 +37,24 @@ func TestScripts(t *testing.T) {
 	testscript.Run(t, testscript.Params{
 		Dir:                 "testdata/script",
 		RequireExplicitExec: true,
-		UpdateScripts:       os.Getenv("FERRY_UPDATE_SCRIPTS") != "",
+		Setup: func(e *testscript.Env) error {
+			e.Setenv("GORACE", noExitSleep())
+			return nil
+		},
+		UpdateScripts: os.Getenv("FERRY_UPDATE_SCRIPTS") != "",
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"flipbyte": cmdFlipByte,
 			"waitfile": cmdWaitFile,
 			"exitcode": cmdExitCode,
 		},
 	})
+}
+
+// noExitSleep returns $GORACE without the race detector's second of
+// sleep at exit, which would make each command of a script under -race
+// take a second.
+func noExitSleep() string {
+	return strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
 }
 
 // hold is the ferry-hold command: ferry-hold DIR READY [TOPIC N] opens
@@ -155,12 +166,12 @@ func cmdExitCode(ts *testscript.TestScript, neg bool, args []string) {
 func TestInterrupt(t *testing.T) {
 	dir := t.TempDir()
 	send := exec.Command(os.Args[0], "--store", dir, "send", "t", "--create", "one")
-	send.Env = append(os.Environ(), mainEnv+"=1")
+	send.Env = append(os.Environ(), mainEnv+"=1", "GORACE="+noExitSleep())
 	if out, err := send.CombinedOutput(); err != nil {
 		t.Fatalf("send: %v\n%s", err, out)
 	}
 	cmd := exec.Command(os.Args[0], "--store", dir, "tail", "-f", "t", "--no-times")
-	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	cmd.Env = append(os.Environ(), mainEnv+"=1", "GORACE="+noExitSleep())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
