@@ -124,16 +124,23 @@ func mapKeys(m map[cursorKey]int64) func(func(cursorKey) bool) {
 // decode reads a cursor file's bytes into c.m, reporting whether they
 // were of version 1.
 func (c *cursorStore) decode(b []byte) (v1 bool, err error) {
+	return decodeCursorFile(b, c.st.id, c.st.legacy, c.m)
+}
+
+// decodeCursorFile reads a cursor file's bytes into m, for the store of
+// identity id (legacy: one upgraded from version 1), reporting whether
+// they were of version 1. [ReadOnlyStore] reads the file with it too.
+func decodeCursorFile(b []byte, id [16]byte, legacy bool, m map[cursorKey]int64) (v1 bool, err error) {
 	if len(b) < 8 || crc32.Checksum(b[4:], castagnoli) != binary.LittleEndian.Uint32(b) {
 		return false, fmt.Errorf("%w: cursor file checksum", ferry.ErrCorrupt)
 	}
 	switch {
 	case len(b) >= 28 && string(b[4:8]) == cursorMagic:
-		if [16]byte(b[8:24]) != c.st.id {
+		if [16]byte(b[8:24]) != id {
 			return false, fmt.Errorf("%w: cursor file of another store", ferry.ErrCorrupt)
 		}
 		b = b[24:]
-	case c.st.legacy:
+	case legacy:
 		v1 = true
 		b = b[4:]
 	default:
@@ -163,7 +170,7 @@ func (c *cursorStore) decode(b []byte) (v1 bool, err error) {
 		if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil || off < 0 {
 			return v1, fmt.Errorf("%w: cursor file: entry %d (%q, %q, %d, %d)", ferry.ErrCorrupt, i, topic, group, queue, off)
 		}
-		c.m[cursorKey{topic, group, queue}] = off
+		m[cursorKey{topic, group, queue}] = off
 	}
 	if len(b) != 0 {
 		return v1, fmt.Errorf("%w: cursor file: %d bytes after the last entry", ferry.ErrCorrupt, len(b))

@@ -19,6 +19,15 @@
 // directory. A flock on <dir>/LOCK makes the store exclusive: a second
 // [Open], in this or another process, fails with [ErrLocked].
 //
+// # Reading without the lock
+//
+// [OpenReadOnly] opens a directory that another process (or this one)
+// holds, for inspection: it takes no lock, writes, creates and cuts
+// nothing, and follows the owner's appends, roll-overs and retention by
+// reading the files again; a torn last frame is just the end. Its writes
+// are [ErrReadOnly]. [Verify] checks every file of a directory the same
+// way. See [ReadOnlyStore].
+//
 // # Frames
 //
 // A Write is stored as one frame (several when it exceeds the frame

@@ -15,4 +15,7 @@ var (
 	// until the store is closed and opened again, which recovers the files
 	// from what is on disk.
 	ErrFailed = errors.New("ferry: filestore: failed after an I/O error")
+	// ErrReadOnly is returned by every write (a queue's Write, a commit,
+	// saving a topic) of a store opened with [OpenReadOnly].
+	ErrReadOnly = errors.New("ferry: filestore: store opened read-only")
 )

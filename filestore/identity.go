@@ -33,13 +33,8 @@ const (
 func (st *Store) loadIdentity() error {
 	b, err := readBounded(st.root, storeFile, storeLen)
 	if err == nil {
-		if len(b) != storeLen || string(b[:4]) != storeMagic || binary.LittleEndian.Uint32(b[4:]) != 1 ||
-			crc32.Checksum(b[:storeLen-4], castagnoli) != binary.LittleEndian.Uint32(b[storeLen-4:]) {
-			return fmt.Errorf("%w: %s: bad identity file", ferry.ErrCorrupt, storeFile)
-		}
-		copy(st.id[:], b[8:24])
-		st.legacy = b[24]&1 != 0
-		return nil
+		st.id, st.legacy, err = parseIdentity(b)
+		return err
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
 		return err
@@ -62,6 +57,17 @@ func (st *Store) loadIdentity() error {
 	b = append(b, flags)
 	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 	return st.files.writeFileRename(storeFile, b, true)
+}
+
+// parseIdentity checks the bytes of an identity file and returns the
+// store's ID and legacy flag. [ReadOnlyStore] reads the file with it too.
+func parseIdentity(b []byte) (id [16]byte, legacy bool, err error) {
+	if len(b) != storeLen || string(b[:4]) != storeMagic || binary.LittleEndian.Uint32(b[4:]) != 1 ||
+		crc32.Checksum(b[:storeLen-4], castagnoli) != binary.LittleEndian.Uint32(b[storeLen-4:]) {
+		return id, false, fmt.Errorf("%w: %s: bad identity file", ferry.ErrCorrupt, storeFile)
+	}
+	copy(id[:], b[8:24])
+	return id, b[24]&1 != 0, nil
 }
 
 // key returns what the frames of queue id must carry.

@@ -237,8 +237,14 @@ func encodeMeta(m ferry.TopicMeta) []byte {
 }
 
 func (st *Store) readMeta(tdir, name string) (ferry.TopicMeta, bool, error) {
+	return readMetaFile(st.root, tdir, name)
+}
+
+// readMetaFile reads the metadata of topic name from folder tdir of root;
+// ok is false when there is none. [ReadOnlyStore] reads it with it too.
+func readMetaFile(root *os.Root, tdir, name string) (_ ferry.TopicMeta, ok bool, _ error) {
 	mpath := path.Join(tdir, "meta")
-	b, err := readBounded(st.root, mpath, 64<<10)
+	b, err := readBounded(root, mpath, 64<<10)
 	if errors.Is(err, fs.ErrNotExist) {
 		return ferry.TopicMeta{}, false, nil
 	}

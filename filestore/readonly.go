@@ -1,0 +1,682 @@
+package filestore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferrymq/ferry"
+)
+
+// ReadOnlyStore is a store opened with [OpenReadOnly]: it reads the
+// directory of a [Store] that another process (or this one) may hold
+// open and write, for inspection tools. It takes no lock, starts no
+// goroutine, never writes, truncates, creates or removes a file (not even
+// LOCK or STORE), and recovers nothing: it reads what is on disk each time
+// it is asked.
+//
+//   - Topics and Topic list the topics' metadata files as they are now.
+//   - A queue from OpenQueue lists its segment files at each Offsets, and
+//     at each Read that needs to, and reads each segment's frames from
+//     where it last stopped, so it sees the owner's appends, roll-overs
+//     and retention. A bad frame at the end of the newest segment (a write
+//     in progress, space reserved and not yet written, a torn tail) is
+//     just the end, looked at again next time. Sealed segments are read
+//     through their index when it passes its checks, scanned otherwise.
+//     Read blocks, polling the files every 50 ms, until a message is
+//     there, ctx is done or the store is closed.
+//   - Load and Cursors read the cursor file, which the owner replaces
+//     atomically, on every call; cursors are not clamped (see
+//     [Store.Recovery]) and fencing tokens, kept in the owner's memory,
+//     are not seen.
+//
+// Every write (Write, TryWrite, SaveTopic, CreateTopic, Commit,
+// CommitFenced, Forget) returns [ErrReadOnly]. A frame that fails a check
+// anywhere else is [ferry.ErrCorrupt] on Read, naming the file and byte;
+// [Verify] checks a whole directory.
+//
+// A ReadOnlyStore is safe for concurrent use. Close is idempotent and
+// makes every later call return [ferry.ErrClosed].
+type ReadOnlyStore struct {
+	cfg    config
+	dir    string
+	root   *os.Root
+	id     [16]byte
+	legacy bool
+	done   chan struct{} // closed by Close: wakes polling readers
+
+	mu     sync.Mutex // guards queues and closed
+	queues map[ferry.QueueID]*roQueue
+	closed bool
+}
+
+var (
+	_ ferry.Storage           = (*ReadOnlyStore)(nil)
+	_ ferry.SharedStorage     = (*ReadOnlyStore)(nil)
+	_ ferry.CursorStore       = (*ReadOnlyStore)(nil)
+	_ ferry.CursorGroups      = (*ReadOnlyStore)(nil)
+	_ ferry.FencedCursorStore = (*ReadOnlyStore)(nil)
+	_ ferry.Queue             = (*roQueue)(nil)
+	_ ferry.TryWriter         = (*roQueue)(nil)
+)
+
+// readOnlyPoll is how often a blocked Read of a [ReadOnlyStore] looks
+// at the files again.
+var readOnlyPoll = 50 * time.Millisecond
+
+// OpenReadOnly opens the store in dir for reading only, without its lock:
+// see [ReadOnlyStore]. Of the options, [WithMaxFrameBytes] (open with at
+// least the value the store was written with) and [WithLogger] apply;
+// the others are accepted and ignored. A directory that does not exist,
+// or holds neither a STORE file nor topics, is an error wrapping
+// [fs.ErrNotExist]; a STORE file that fails its check is
+// [ferry.ErrCorrupt].
+func OpenReadOnly(dir string, opts ...Option) (*ReadOnlyStore, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: filestore: open %s read-only: %w", dir, err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: filestore: open %s read-only: %w", dir, err)
+	}
+	st := &ReadOnlyStore{cfg: cfg, dir: dir, root: root, done: make(chan struct{}), queues: map[ferry.QueueID]*roQueue{}}
+	if st.id, st.legacy, err = readIdentity(root); err != nil {
+		_ = root.Close()
+		return nil, fmt.Errorf("ferry: filestore: open %s read-only: %w", dir, err)
+	}
+	return st, nil
+}
+
+// readIdentity reads the identity file without creating it: a store from
+// before the identity (topics or a cursor file, no STORE) is legacy.
+func readIdentity(root *os.Root) (id [16]byte, legacy bool, err error) {
+	b, err := readBounded(root, storeFile, storeLen)
+	if err == nil {
+		return parseIdentity(b)
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return id, false, err
+	}
+	if es, err := fs.ReadDir(root.FS(), "topics"); err == nil && len(es) > 0 {
+		return id, true, nil
+	}
+	if _, err := fs.Stat(root.FS(), cursorFile); err == nil {
+		return id, true, nil
+	}
+	return id, false, fmt.Errorf("no filestore here (no %s file, no topics): %w", storeFile, fs.ErrNotExist)
+}
+
+// Dir returns the directory the store was opened on.
+func (st *ReadOnlyStore) Dir() string { return st.dir }
+
+// ID returns the store's identity, as 32 hex digits; empty for a store
+// from before the identity (format version 1) that was never opened
+// since.
+func (st *ReadOnlyStore) ID() string {
+	if st.id == ([16]byte{}) {
+		return ""
+	}
+	return fmt.Sprintf("%x", st.id[:])
+}
+
+func (st *ReadOnlyStore) isClosed() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.closed
+}
+
+// Topics implements [ferry.Storage]: the topics whose metadata file is
+// there now, sorted by name. A metadata file that fails its check is
+// [ferry.ErrCorrupt].
+func (st *ReadOnlyStore) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	if err := st.check(ctx); err != nil {
+		return nil, fmt.Errorf("ferry: topics: %w", err)
+	}
+	entries, err := fs.ReadDir(st.root.FS(), "topics")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ferry: topics: %w", err)
+	}
+	var out []ferry.TopicMeta // ReadDir sorts by name
+	for _, e := range entries {
+		name := e.Name()
+		if !e.IsDir() || ferry.ValidateTopicName(name) != nil {
+			continue
+		}
+		meta, ok, err := readMetaFile(st.root, path.Join("topics", name), name)
+		if err != nil {
+			return nil, fmt.Errorf("ferry: topics: %w", err)
+		}
+		if ok {
+			out = append(out, meta)
+		}
+	}
+	return out, nil
+}
+
+// Topic implements [ferry.SharedStorage].
+func (st *ReadOnlyStore) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
+	if err := st.check(ctx); err != nil {
+		return ferry.TopicMeta{}, fmt.Errorf("ferry: topic: %w", err)
+	}
+	if err := ferry.ValidateTopicName(name); err != nil {
+		return ferry.TopicMeta{}, fmt.Errorf("ferry: topic: %w", err)
+	}
+	meta, ok, err := readMetaFile(st.root, path.Join("topics", name), name)
+	if err != nil {
+		return ferry.TopicMeta{}, fmt.Errorf("ferry: topic: %w", err)
+	}
+	if !ok {
+		return ferry.TopicMeta{}, fmt.Errorf("ferry: topic: %w: %q", ferry.ErrTopicNotFound, name)
+	}
+	return meta, nil
+}
+
+// SaveTopic implements [ferry.Storage]: [ErrReadOnly].
+func (st *ReadOnlyStore) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	return fmt.Errorf("ferry: save topic %q: %w", meta.Name, ErrReadOnly)
+}
+
+// CreateTopic implements [ferry.SharedStorage]: [ErrReadOnly].
+func (st *ReadOnlyStore) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	return fmt.Errorf("ferry: create topic %q: %w", meta.Name, ErrReadOnly)
+}
+
+// OpenQueue implements [ferry.Storage]. It returns the queue whether or
+// not its folder exists (one that does not is empty until it does);
+// opening a queue that is open returns it. Its Write returns
+// [ErrReadOnly].
+func (st *ReadOnlyStore) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	return st.queue(ctx, meta, queue)
+}
+
+func (st *ReadOnlyStore) queue(ctx context.Context, meta ferry.TopicMeta, queue int) (*roQueue, error) {
+	if err := meta.Validate(); err != nil {
+		return nil, fmt.Errorf("ferry: open queue: %w", err)
+	}
+	if queue < 0 || queue >= meta.Queues {
+		return nil, fmt.Errorf("ferry: open queue: %w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("ferry: open queue: %w", err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return nil, fmt.Errorf("ferry: open queue: %w", ferry.ErrClosed)
+	}
+	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
+	if q, ok := st.queues[id]; ok {
+		return q, nil
+	}
+	q := &roQueue{st: st, id: id, dir: path.Join("topics", id.Topic, strconv.Itoa(queue)),
+		key: frameKey{tag: queueTag(st.id, id.Topic, id.Queue), legacy: st.legacy}}
+	st.queues[id] = q
+	return q, nil
+}
+
+// SegmentInfo describes one segment file of a queue, as a
+// [ReadOnlyStore] last read it.
+type SegmentInfo struct {
+	File       string // path relative to the store's directory
+	Base, Next int64  // offsets [Base, Next) in its intact frames
+	Bytes      int64  // the file's length
+	Frames     int64  // bytes of intact frames, from the start
+	IndexBytes int64  // the length of its index file; 0 when it has none
+	Sealed     bool   // not the newest segment of its queue
+	// FirstTime and LastTime are the store times of its first and last
+	// frames; zero when it holds none.
+	FirstTime, LastTime time.Time
+	// Tail is what follows the intact frames (Bytes - Frames bytes): in
+	// the newest segment, space reserved ahead of writes or a write in
+	// progress while the owner runs, or a torn tail that the owner's next
+	// Open cuts; in a sealed one, damage. TailErr says what was wrong
+	// with the first bad frame, nil when the file ends there.
+	TailErr error
+}
+
+// Segments returns the segment files of queue queue of topic, oldest
+// first, read as they are now. A queue without a folder has none.
+func (st *ReadOnlyStore) Segments(ctx context.Context, topic string, queue int) ([]SegmentInfo, error) {
+	q, err := st.queue(ctx, ferry.TopicMeta{Name: topic, Queues: queue + 1}, queue)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: segments: %w", err)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.refresh(); err != nil {
+		return nil, fmt.Errorf("ferry: segments %s: %w", q.id, err)
+	}
+	out := make([]SegmentInfo, len(q.segs))
+	for i, s := range q.segs {
+		out[i] = SegmentInfo{
+			File: s.name, Base: s.base, Next: s.next, Bytes: s.fileSize, Frames: s.size, IndexBytes: s.indexSize,
+			Sealed: i < len(q.segs)-1, TailErr: s.bad,
+		}
+		if s.firstTime != 0 {
+			out[i].FirstTime, out[i].LastTime = time.Unix(0, s.firstTime), time.Unix(0, s.lastTime)
+		}
+	}
+	return out, nil
+}
+
+// check returns ErrClosed after Close, or ctx's error.
+func (st *ReadOnlyStore) check(ctx context.Context) error {
+	if st.isClosed() {
+		return ferry.ErrClosed
+	}
+	return ctx.Err()
+}
+
+// readCursors reads the cursor file as it is now.
+func (st *ReadOnlyStore) readCursors() (map[cursorKey]int64, error) {
+	m := map[cursorKey]int64{}
+	b, err := readBounded(st.root, cursorFile, maxCursorFileSz)
+	if errors.Is(err, fs.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, err := decodeCursorFile(b, st.id, st.legacy, m); err != nil {
+		return nil, fmt.Errorf("%w (file %s)", err, cursorFile)
+	}
+	return m, nil
+}
+
+// Load implements [ferry.CursorStore], reading the cursor file.
+func (st *ReadOnlyStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+		return nil, fmt.Errorf("ferry: load cursor: %w", err)
+	}
+	if err := st.check(ctx); err != nil {
+		return nil, fmt.Errorf("ferry: load cursor: %w", err)
+	}
+	m, err := st.readCursors()
+	if err != nil {
+		return nil, fmt.Errorf("ferry: load cursor: %w", err)
+	}
+	out := make([]int64, queues)
+	for i := range out {
+		off, ok := m[cursorKey{topic, group, i}]
+		if !ok {
+			off = -1
+		}
+		out[i] = off
+	}
+	return out, nil
+}
+
+// Cursors implements [ferry.CursorGroups], reading the cursor file.
+func (st *ReadOnlyStore) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
+	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
+		return ferry.Cursors{}, fmt.Errorf("ferry: list cursors: %w", err)
+	}
+	if err := st.check(ctx); err != nil {
+		return ferry.Cursors{}, fmt.Errorf("ferry: list cursors: %w", err)
+	}
+	m, err := st.readCursors()
+	if err != nil {
+		return ferry.Cursors{}, fmt.Errorf("ferry: list cursors: %w", err)
+	}
+	out := ferry.Cursors{Topic: topic, Groups: map[string]ferry.Cursor{}}
+	for k, off := range m {
+		if k.topic != topic {
+			continue
+		}
+		cur, ok := out.Groups[k.group]
+		if !ok {
+			cur = ferry.Cursor{Group: k.group, Offsets: slices.Repeat([]int64{-1}, queues)}
+			out.Groups[k.group] = cur
+		}
+		if k.queue < queues {
+			cur.Offsets[k.queue] = off
+		}
+	}
+	return out, nil
+}
+
+// Commit implements [ferry.CursorStore]: [ErrReadOnly].
+func (st *ReadOnlyStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	return fmt.Errorf("ferry: commit cursor: %w", ErrReadOnly)
+}
+
+// CommitFenced implements [ferry.FencedCursorStore]: [ErrReadOnly].
+func (st *ReadOnlyStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	return fmt.Errorf("ferry: commit cursor: %w", ErrReadOnly)
+}
+
+// Forget implements [ferry.CursorGroups]: [ErrReadOnly].
+func (st *ReadOnlyStore) Forget(ctx context.Context, topic, group string) error {
+	return fmt.Errorf("ferry: forget cursor: %w", ErrReadOnly)
+}
+
+// Close implements [io.Closer]: it closes the directory and wakes
+// blocked readers. It is idempotent.
+func (st *ReadOnlyStore) Close() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return nil
+	}
+	st.closed = true
+	close(st.done)
+	return st.root.Close()
+}
+
+// roQueue is a queue of a [ReadOnlyStore]: what it last read of each
+// segment file, read on from there each time it looks again.
+type roQueue struct {
+	st  *ReadOnlyStore
+	id  ferry.QueueID
+	dir string
+	key frameKey
+
+	mu     sync.Mutex // guards segs and closed, and serializes refresh
+	segs   []*roSegment
+	closed bool
+}
+
+// roSegment is what a [ReadOnlyStore] read of a segment file: the
+// accounting of its intact frames (segment's fields, f nil), the file's
+// length then and the error of the frame after the last intact one.
+type roSegment struct {
+	segment
+	fileSize  int64
+	indexSize int64
+	bad       error
+}
+
+// ID implements [ferry.Queue].
+func (q *roQueue) ID() ferry.QueueID { return q.id }
+
+// Write implements [ferry.WritableQueue]: [ErrReadOnly].
+func (q *roQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	return 0, fmt.Errorf("ferry: write %s: %w", q.id, ErrReadOnly)
+}
+
+// TryWrite implements [ferry.TryWriter]: [ErrReadOnly].
+func (q *roQueue) TryWrite(msgs []*ferry.EnhancedMessage) (int64, error) {
+	return 0, fmt.Errorf("ferry: write %s: %w", q.id, ErrReadOnly)
+}
+
+// Close implements [io.Closer]; idempotent.
+func (q *roQueue) Close() error {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.st.mu.Lock()
+	if q.st.queues[q.id] == q {
+		delete(q.st.queues, q.id)
+	}
+	q.st.mu.Unlock()
+	return nil
+}
+
+// Offsets implements [ferry.ReadableQueue], looking at the files again.
+// An I/O error leaves what it knew.
+func (q *roQueue) Offsets() (oldest, next int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		if err := q.refresh(); err != nil {
+			q.st.cfg.log.Warn("ferry: filestore: read-only refresh", "queue", q.id.String(), "err", err)
+		}
+	}
+	return q.bounds()
+}
+
+// bounds returns the offsets known. q.mu must be held.
+func (q *roQueue) bounds() (oldest, next int64) {
+	if len(q.segs) == 0 {
+		return 0, 0
+	}
+	return q.segs[0].base, q.segs[len(q.segs)-1].next
+}
+
+// Read implements [ferry.ReadableQueue]. The messages are decoded for
+// this call: the caller owns them.
+func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if len(dst) == 0 {
+		return 0, nil
+	}
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for fresh := false; ; {
+		q.mu.Lock()
+		if q.closed || q.st.isClosed() {
+			q.mu.Unlock()
+			return 0, fmt.Errorf("ferry: read %s: %w", q.id, ferry.ErrClosed)
+		}
+		if _, next := q.bounds(); offset >= next || fresh {
+			if err := q.refresh(); err != nil {
+				q.mu.Unlock()
+				return 0, fmt.Errorf("ferry: read %s at %d: %w", q.id, offset, err)
+			}
+		}
+		oldest, next := q.bounds()
+		if offset < oldest || offset > next {
+			q.mu.Unlock()
+			if !fresh { // retention may have moved on since
+				fresh = true
+				continue
+			}
+			return 0, fmt.Errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ferry.ErrOffsetOutOfRange, oldest, next)
+		}
+		if offset < next {
+			i := sortSearchSegs(segsOf(q.segs), offset)
+			if i < 0 { // a gap between segments: damage
+				q.mu.Unlock()
+				return 0, fmt.Errorf("ferry: read %s at %d: %w: no segment holds it", q.id, offset, ferry.ErrCorrupt)
+			}
+			s := q.segs[i]
+			name, e, size, sealed := s.name, s.lookup(offset), s.size, i < len(q.segs)-1
+			bad := s.bad
+			q.mu.Unlock()
+			n, err := q.readFile(name, e, offset, size, dst)
+			if errors.Is(err, fs.ErrNotExist) && !fresh { // deleted by retention
+				fresh = true
+				continue
+			}
+			if err != nil {
+				return 0, fmt.Errorf("ferry: read %s at %d: %w", q.id, offset, err)
+			}
+			if n == 0 && sealed && bad != nil {
+				return 0, fmt.Errorf("ferry: read %s at %d: %w (%s at byte %d)", q.id, offset, bad, name, size)
+			}
+			if n > 0 {
+				return n, nil
+			}
+		} else {
+			q.mu.Unlock()
+		}
+		fresh = false
+		if err := ctx.Err(); err != nil {
+			return 0, fmt.Errorf("ferry: read %s: %w", q.id, err)
+		}
+		if t == nil {
+			t = time.NewTimer(readOnlyPoll)
+		} else {
+			t.Reset(readOnlyPoll)
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("ferry: read %s: %w", q.id, ctx.Err())
+		case <-q.st.done:
+		}
+	}
+}
+
+func segsOf(rs []*roSegment) []*segment {
+	out := make([]*segment, len(rs))
+	for i, s := range rs {
+		out[i] = &s.segment
+	}
+	return out
+}
+
+// readFile decodes messages from offset on, in the frames from e up to
+// byte limit of segment file name, into dst.
+func (q *roQueue) readFile(name string, e indexEntry, offset, limit int64, dst []*ferry.EnhancedMessage) (int, error) {
+	f, err := q.st.root.Open(name)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := newFrameScanner(f, e.pos, limit, q.st.cfg.maxFrameBytes, q.key)
+	sc.bufSize = 64 << 10
+	want := e.off
+	out := dst[:0]
+	for len(out) < len(dst) {
+		pos := sc.pos()
+		fi, enc, err := sc.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("%w (%s at byte %d)", err, name, pos)
+		}
+		if fi.base != want {
+			return 0, fmt.Errorf("%w: frame holds offset %d, want %d (%s at byte %d)", ferry.ErrCorrupt, fi.base, want, name, pos)
+		}
+		want = fi.next()
+		if want <= offset {
+			continue
+		}
+		msgs, err := decodeMessages(nil, fi, enc, offset, q.id.Queue)
+		if err != nil {
+			return 0, fmt.Errorf("%w (%s at byte %d)", err, name, pos)
+		}
+		for _, m := range msgs {
+			if len(out) == len(dst) {
+				break
+			}
+			out = append(out, m)
+		}
+	}
+	return len(out), nil
+}
+
+// refresh lists the queue's segment files and reads each from where it
+// last stopped to its end. q.mu must be held.
+func (q *roQueue) refresh() error {
+	entries, err := fs.ReadDir(q.st.root.FS(), q.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		q.segs = nil
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var bases []int64
+	indexes := map[int64]bool{}
+	for _, e := range entries {
+		n := e.Name()
+		switch {
+		case len(n) == 24 && strings.HasSuffix(n, ".log"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				bases = append(bases, b)
+			}
+		case len(n) == 26 && strings.HasSuffix(n, ".index"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				indexes[b] = true
+			}
+		}
+	}
+	slices.Sort(bases)
+	known := map[int64]*roSegment{}
+	for _, s := range q.segs {
+		known[s.base] = s
+	}
+	segs := make([]*roSegment, 0, len(bases))
+	for i, base := range bases {
+		s, ok := known[base]
+		if !ok {
+			name := segmentName(q.dir, base)
+			s = &roSegment{segment: segment{name: name, base: base, next: base}}
+		}
+		gone, err := q.readSegment(s, !ok && i < len(bases)-1 && indexes[base])
+		if err != nil {
+			return err
+		}
+		if gone { // deleted by retention since the listing: so are those before it
+			segs = segs[:0]
+			continue
+		}
+		s.indexSize = 0
+		if indexes[base] {
+			if fi, err := fs.Stat(q.st.root.FS(), indexName(q.dir, base)); err == nil {
+				s.indexSize = fi.Size()
+			}
+		}
+		segs = append(segs, s)
+	}
+	q.segs = segs
+	return nil
+}
+
+// readSegment reads s's file on from s.size, or through its index when
+// useIndex and the index passes its checks. gone reports a file that no
+// longer exists.
+func (q *roQueue) readSegment(s *roSegment, useIndex bool) (gone bool, err error) {
+	f, err := q.st.root.Open(s.name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	size := fi.Size()
+	s.fileSize = size
+	if useIndex {
+		b, err := readBounded(q.st.root, indexName(q.dir, s.base), indexHeader+4+8*(size/frameHeaderV1+1))
+		chk := segment{name: s.name, base: s.base, next: s.base}
+		if err == nil && decodeIndex(&chk, b, size, q.key) == nil {
+			s.segment = chk
+			s.bad = nil
+			return false, nil
+		}
+	}
+	if size < s.size { // cut (by a repair): read it again from the start
+		s.segment = segment{name: s.name, base: s.base, next: s.base}
+	}
+	sc := newFrameScanner(f, s.size, size, q.st.cfg.maxFrameBytes, q.key)
+	sc.bufSize = 64 << 10
+	s.bad = nil
+	for {
+		fi, _, err := sc.next()
+		if errors.Is(err, io.EOF) {
+			return false, nil
+		}
+		if err == nil && fi.base != s.next {
+			err = fmt.Errorf("%w: frame holds offset %d, want %d", errBadFrame, fi.base, s.next)
+		}
+		if err != nil {
+			s.bad = err
+			return false, nil
+		}
+		s.add(fi, q.st.cfg.indexInterval)
+	}
+}

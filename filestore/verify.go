@@ -1,0 +1,307 @@
+package filestore
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/ferrymq/ferry"
+)
+
+// VerifyReport is what [Verify] found in a store's directory.
+type VerifyReport struct {
+	Topics, Queues, Segments int
+	Frames, Messages         int64
+	Bytes                    int64 // of segment files
+	Cursors                  int
+	// Problems lists what fails a check, in the order found.
+	Problems []Problem
+}
+
+// Damaged reports whether a problem is damage (see [Problem]).
+func (r VerifyReport) Damaged() bool {
+	return slices.ContainsFunc(r.Problems, func(p Problem) bool { return p.Damage })
+}
+
+// Problem is one thing [Verify] found wrong. Damage is set for bytes that
+// Open refuses or that lose messages (a bad frame in a sealed segment, a
+// bad frame followed by intact ones, a bad cursor, metadata or identity
+// file, a gap between segments); it is clear for what Open repairs by
+// itself without losing an acknowledged message: a torn tail of the
+// newest segment (while the owner runs: space reserved ahead of its
+// writes, or a write in progress), an index to rebuild, a cursor outside
+// its queue's range, to clamp.
+type Problem struct {
+	File   string // relative to the store's directory
+	Offset int64  // byte in File; -1 when the whole file is concerned
+	Err    string
+	Damage bool
+}
+
+func (p Problem) String() string {
+	kind := "note"
+	if p.Damage {
+		kind = "DAMAGE"
+	}
+	if p.Offset < 0 {
+		return fmt.Sprintf("%s: %s: %s", kind, p.File, p.Err)
+	}
+	return fmt.Sprintf("%s: %s at byte %d: %s", kind, p.File, p.Offset, p.Err)
+}
+
+// Verify checks every file of the store in dir without its lock and
+// without writing anything, as [OpenReadOnly] reads: the identity file,
+// each topic's metadata, every frame of every segment (checksum, tag,
+// offsets, and each message's encoding), every index against its
+// segment, and the cursor file. Of the options, [WithMaxFrameBytes]
+// applies. Damage is reported in the report, not as an error; the error is
+// for a directory it cannot read. It may run while the owner writes: a
+// segment deleted meanwhile is skipped and the newest segment's end is a
+// torn tail, not damage.
+func Verify(dir string, opts ...Option) (VerifyReport, error) {
+	var r VerifyReport
+	st, err := OpenReadOnly(dir, opts...)
+	if err != nil {
+		if errors.Is(err, ferry.ErrCorrupt) {
+			r.Problems = append(r.Problems, Problem{File: storeFile, Offset: -1, Err: err.Error(), Damage: true})
+			return r, nil
+		}
+		return r, err
+	}
+	defer st.Close()
+	v := verifier{st: st, r: &r}
+	if err := v.run(); err != nil {
+		return r, fmt.Errorf("ferry: filestore: verify %s: %w", dir, err)
+	}
+	return r, nil
+}
+
+type verifier struct {
+	st  *ReadOnlyStore
+	r   *VerifyReport
+	buf []byte
+	// next offset of each queue, for the cursors
+	ranges map[ferry.QueueID][2]int64
+}
+
+func (v *verifier) problem(file string, off int64, damage bool, format string, args ...any) {
+	v.r.Problems = append(v.r.Problems, Problem{File: file, Offset: off, Err: fmt.Sprintf(format, args...), Damage: damage})
+}
+
+func (v *verifier) run() error {
+	v.ranges = map[ferry.QueueID][2]int64{}
+	root := v.st.root
+	topics, err := fs.ReadDir(root.FS(), "topics")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, te := range topics {
+		name := te.Name()
+		if !te.IsDir() || ferry.ValidateTopicName(name) != nil {
+			continue
+		}
+		v.r.Topics++
+		tdir := path.Join("topics", name)
+		if _, ok, err := readMetaFile(root, tdir, name); err != nil {
+			v.problem(path.Join(tdir, "meta"), -1, true, "%v", err)
+		} else if !ok {
+			v.problem(path.Join(tdir, "meta"), -1, false, "missing: the topic is not listed until a broker creates it again")
+		}
+		qs, err := fs.ReadDir(root.FS(), tdir)
+		if err != nil {
+			return err
+		}
+		for _, qe := range qs {
+			i, err := strconv.Atoi(qe.Name())
+			if !qe.IsDir() || err != nil || i < 0 || i >= ferry.MaxQueues || strconv.Itoa(i) != qe.Name() {
+				continue
+			}
+			if err := v.queue(ferry.QueueID{Topic: name, Queue: i}, path.Join(tdir, qe.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return v.cursors()
+}
+
+func (v *verifier) queue(id ferry.QueueID, qdir string) error {
+	v.r.Queues++
+	root := v.st.root
+	entries, err := fs.ReadDir(root.FS(), qdir)
+	if err != nil {
+		return err
+	}
+	var bases []int64
+	indexes := map[int64]bool{}
+	for _, e := range entries {
+		n := e.Name()
+		switch {
+		case len(n) == 24 && strings.HasSuffix(n, ".log"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				bases = append(bases, b)
+			}
+		case len(n) == 26 && strings.HasSuffix(n, ".index"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				indexes[b] = true
+			}
+		}
+	}
+	slices.Sort(bases)
+	key := frameKey{tag: queueTag(v.st.id, id.Topic, id.Queue), legacy: v.st.legacy}
+	cfg := &v.st.cfg
+	var prev *segment
+	var oldest int64 = -1
+	for i, base := range bases {
+		newest := i == len(bases)-1
+		s := &segment{name: segmentName(qdir, base), base: base, next: base}
+		f, err := root.Open(s.name)
+		if errors.Is(err, fs.ErrNotExist) { // retention, meanwhile
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		fi, err := f.Stat()
+		if err != nil {
+			_ = f.Close()
+			return err
+		}
+		size := fi.Size()
+		v.r.Segments++
+		v.r.Bytes += size
+		if prev != nil && prev.next != base {
+			v.problem(s.name, -1, true, "starts at offset %d, the segment before it ends at %d", base, prev.next)
+		}
+		pos, frames, msgs, serr := v.scan(s, f, size, id.Queue, key)
+		v.r.Frames += frames
+		v.r.Messages += msgs
+		if serr != nil {
+			if newest {
+				found, dropped, first, ierr := intactAfter(f, pos, size, s.next, cfg.maxFrameBytes, key)
+				switch {
+				case ierr != nil:
+					_ = f.Close()
+					return ierr
+				case found:
+					v.problem(s.name, pos, true, "%v; intact frames follow it, holding %d messages from offset %d (Open refuses the store; Open WithRepair cuts them)", serr, dropped, first)
+				default:
+					v.problem(s.name, pos, false, "torn tail of %d bytes after the last frame (space reserved or a write in progress while the owner runs; Open cuts it): %v", size-pos, serr)
+				}
+			} else {
+				v.problem(s.name, pos, true, "%v (a sealed segment: messages from offset %d on are lost)", serr, s.next)
+			}
+		}
+		_ = f.Close()
+		iname := indexName(qdir, base)
+		switch {
+		case newest && indexes[base]:
+			v.problem(iname, -1, false, "index of the newest segment (a roll that did not finish; Open removes it)")
+		case !newest && !indexes[base]:
+			v.problem(iname, -1, false, "missing (Open rebuilds it)")
+		case !newest && serr == nil:
+			chk := segment{base: base}
+			b, err := readBounded(root, iname, indexHeader+4+8*(size/frameHeaderV1+1))
+			if err == nil {
+				err = decodeIndex(&chk, b, size, key)
+			}
+			if err == nil && (chk.next != s.next || chk.sizeSum != s.sizeSum) {
+				err = fmt.Errorf("describes offsets [%d, %d), the segment holds [%d, %d)", chk.base, chk.next, s.base, s.next)
+			}
+			if err == nil {
+				for _, e := range chk.index {
+					if j, ok := slices.BinarySearchFunc(s.index, e.off, func(x indexEntry, off int64) int { return int(x.off - off) }); !ok || s.index[j].pos != e.pos {
+						if !v.frameAt(s, e) {
+							err = fmt.Errorf("entry for offset %d points at byte %d, not at its frame", e.off, e.pos)
+							break
+						}
+					}
+				}
+			}
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				v.problem(iname, -1, false, "%v (Open rebuilds it)", err)
+			}
+		}
+		if oldest < 0 {
+			oldest = base
+		}
+		prev = s
+	}
+	if prev != nil {
+		v.ranges[id] = [2]int64{oldest, prev.next}
+	} else {
+		v.ranges[id] = [2]int64{0, 0}
+	}
+	return nil
+}
+
+// frameAt reports whether the frames of s start a frame holding e.off at
+// e.pos; s.index holds one entry per indexInterval, so an index written
+// with another interval points at frames s.index does not list.
+func (v *verifier) frameAt(s *segment, e indexEntry) bool {
+	f, err := v.st.root.Open(s.name)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := newFrameScanner(f, e.pos, s.size, v.st.cfg.maxFrameBytes, frameKey{tag: 0, legacy: true})
+	sc.bufSize = 64 << 10
+	fi, _, err := sc.next()
+	return (err == nil || errors.Is(err, errMisplaced)) && fi.base == e.off
+}
+
+// scan reads every frame of s's file and decodes its messages; it returns
+// the position of the first bad frame and its error, or size and nil.
+func (v *verifier) scan(s *segment, f *os.File, size int64, queue int, key frameKey) (pos, frames, msgs int64, err error) {
+	sc := newFrameScanner(f, 0, size, v.st.cfg.maxFrameBytes, key)
+	sc.buf = v.buf
+	defer func() { v.buf = sc.buf }()
+	var dec []*ferry.EnhancedMessage
+	for {
+		pos = sc.pos()
+		fi, enc, err := sc.next()
+		if errors.Is(err, io.EOF) {
+			return pos, frames, msgs, nil
+		}
+		if err == nil && fi.base != s.next {
+			err = fmt.Errorf("%w: frame holds offset %d, want %d", errBadFrame, fi.base, s.next)
+		}
+		if err == nil {
+			dec, err = decodeMessages(dec[:0], fi, enc, fi.base, queue)
+		}
+		if err != nil {
+			return pos, frames, msgs, err
+		}
+		s.add(fi, v.st.cfg.indexInterval)
+		frames++
+		msgs += int64(fi.count)
+	}
+}
+
+func (v *verifier) cursors() error {
+	m, err := v.st.readCursors()
+	if errors.Is(err, ferry.ErrCorrupt) {
+		v.problem(cursorFile, -1, true, "%v", err)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	v.r.Cursors = len(m)
+	keys := slices.SortedFunc(mapKeys(m), compareKeys)
+	for _, k := range keys {
+		rg, ok := v.ranges[ferry.QueueID{Topic: k.topic, Queue: k.queue}]
+		if !ok {
+			continue
+		}
+		if off := m[k]; off < rg[0] || off > rg[1] {
+			v.problem(cursorFile, -1, false, "cursor of group %q on %s[%d] at %d, outside the retained [%d, %d] (Open clamps it)", k.group, k.topic, k.queue, off, rg[0], rg[1])
+		}
+	}
+	return nil
+}
