@@ -25,6 +25,7 @@ type Broker struct {
 	ownsStorage bool
 	ownsCursors bool
 	ownsCoord   bool
+	hooks       *hookSet // nil: none
 
 	// topics is copy-on-write: Send reads it without a lock.
 	topics atomic.Pointer[map[string]*topicState]
@@ -50,6 +51,7 @@ type brokerConfig struct {
 	cursors CursorStore
 	coord   Coordinator
 	log     *slog.Logger
+	hooks   []Hook
 }
 
 // WithStorage sets where queues and topic metadata live. Default: a new
@@ -84,7 +86,7 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 			o(&c)
 		}
 	}
-	b := &Broker{storage: c.storage, cursors: c.cursors, coord: c.coord, log: c.log, clock: newCoarseClock()}
+	b := &Broker{storage: c.storage, cursors: c.cursors, coord: c.coord, log: c.log, clock: newCoarseClock(), hooks: newHookSet(nil, c.hooks)}
 	if b.storage == nil {
 		b.storage, b.ownsStorage = NewMemoryStorage(), true
 	}

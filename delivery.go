@@ -359,9 +359,37 @@ func (d *deliverer) deadLetterOrRetry(r *queueRun, msg *EnhancedMessage, attempt
 	return false
 }
 
-// call runs the handler once, turning a panic into an error.
-func (d *deliverer) call(dctx *deliveryCtx, msg *EnhancedMessage, attempt int) (err error) {
+// call runs the handler once, turning a panic into an error, through the
+// hooks when there are.
+func (d *deliverer) call(dctx *deliveryCtx, msg *EnhancedMessage, attempt int) error {
 	dctx.d.Attempt = attempt
+	if hs := d.m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
+		return d.callHooked(hs, dctx, msg)
+	}
+	return d.safeHandle(dctx, dctx, msg)
+}
+
+// callHooked is call with hooks: OnHandle may give the handler another
+// context, OnHandled gets the call's duration and error.
+func (d *deliverer) callHooked(hs *hookSet, dctx *deliveryCtx, msg *EnhancedMessage) error {
+	ctx := context.Context(dctx)
+	for _, h := range hs.handle {
+		if c := h.OnHandle(ctx, msg); c != nil {
+			ctx = c
+		}
+	}
+	start := time.Now()
+	err := d.safeHandle(dctx, ctx, msg)
+	took := time.Since(start)
+	for _, h := range hs.handled {
+		h.OnHandled(ctx, msg, took, err)
+	}
+	return err
+}
+
+// safeHandle calls the handler with ctx, turning a panic into an error,
+// and counts the call in dctx.
+func (d *deliverer) safeHandle(dctx *deliveryCtx, ctx context.Context, msg *EnhancedMessage) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = errorf("ferry: handler panic: %v", p)
@@ -374,7 +402,7 @@ func (d *deliverer) call(dctx *deliveryCtx, msg *EnhancedMessage, attempt int) (
 			dctx.failed++
 		}
 	}()
-	return d.h.Handle(dctx, msg)
+	return d.h.Handle(ctx, msg)
 }
 
 func isPermanent(err error) bool {
@@ -416,6 +444,7 @@ func clip(s string, n int) string {
 func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, cause error) bool {
 	m := d.m
 	p, err := d.dlqProducer(r.hctx)
+	var res SendResult
 	if err == nil {
 		h := make(map[string]string, len(msg.Headers)+7)
 		maps.Copy(h, msg.Headers)
@@ -426,13 +455,14 @@ func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, 
 		h[HeaderGroup] = m.group
 		h[HeaderAttempts] = strconv.Itoa(attempts)
 		h[HeaderError] = clip(cause.Error(), maxErrorHeader)
-		_, err = p.Send(r.hctx, &Message{Topic: m.cfg.deadLetter, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body})
+		res, err = p.Send(r.hctx, &Message{Topic: m.cfg.deadLetter, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body})
 	}
 	if err != nil {
 		m.report(errorf("ferry: dead letter %s offset %d to %q: %w (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, m.cfg.deadLetter, err))
 		return false
 	}
 	d.deadLettered.Add(1)
+	m.hooks.onDeadLettered(msg, res, attempts, cause)
 	m.b.log.Warn("ferry: dead letter", "group", m.group, "queue", msg.QueueID().String(), "offset", msg.Offset,
 		"attempts", attempts, "topic", m.cfg.deadLetter, "err", cause)
 	return true

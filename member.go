@@ -43,6 +43,7 @@ type groupMember struct {
 	// handled counts the messages a pull consumer finished: for Stats.
 	lastCommit atomic.Int64
 	handled    atomic.Uint64
+	hooks      *hookSet // the broker's and the consumer's; nil: none
 
 	// assignedFirst is closed by the loop once the first rebalance has
 	// started the runs of the first assignment (firstRuns), or when the
@@ -94,6 +95,7 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 		assignedFirst: make(chan struct{}),
 	}
 	m.commitCost.Store(int64(time.Second)) // unmeasured: slow
+	m.hooks = newHookSet(b.hooks, cfg.hooks)
 	m.life, m.endLife = context.WithCancel(context.Background())
 	m.stop = m.life.Done()
 	if cfg.broadcast {

@@ -67,6 +67,7 @@ type consumerConfig struct {
 	onReset      func(q QueueID, from, to int64)
 	onAssigned   func(QueueID)
 	onRevoked    func(QueueID)
+	hooks        []Hook
 	autoCommit   bool
 
 	pushOnly []string // push-only options given

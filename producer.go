@@ -24,6 +24,7 @@ type Producer struct {
 	router Router
 	name   string
 	max    int
+	hooks  *hookSet // nil: none
 	closed atomic.Bool
 	// last is the topic of the latest send: topics are never removed and
 	// a topicState never changes, so a send to the same topic skips the
@@ -45,6 +46,7 @@ type producerConfig struct {
 	router Router
 	name   string
 	max    int
+	hooks  []Hook
 }
 
 // WithRouter sets the router. Default: [KeyHashRouter].
@@ -83,7 +85,7 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 	if b.closed.Load() {
 		return nil, errorf("ferry: new producer: %w", ErrClosed)
 	}
-	return &Producer{b: b, router: c.router, name: c.name, max: c.max}, nil
+	return &Producer{b: b, router: c.router, name: c.name, max: c.max, hooks: newHookSet(b.hooks, c.hooks)}, nil
 }
 
 // Send stamps m, routes it and writes it to its queue. It returns where m
@@ -121,7 +123,7 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 	}
 	em := &EnhancedMessage{}
 	now := p.b.clock.now()
-	t, i, err := p.prepare(m, em, now, reserveIDs(1))
+	t, i, err := p.prepare(ctx, m, em, now, reserveIDs(1))
 	if err != nil {
 		return SendResult{}, err
 	}
@@ -133,6 +135,9 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 		_, err = tw.TryWrite([]*EnhancedMessage{em})
 	} else {
 		_, err = q.Write(ctx, []*EnhancedMessage{em})
+	}
+	if p.hooks != nil {
+		p.hooks.onSent(ctx, em, err)
 	}
 	if err != nil {
 		return SendResult{}, err
@@ -152,7 +157,7 @@ func writeAt(ctx context.Context, q Queue, msgs []*EnhancedMessage, now time.Tim
 
 // prepare checks m, stamps it into em with ID counter value c and routes
 // it: em goes to queue i of t. The caller checks ctx.
-func (p *Producer) prepare(m *Message, em *EnhancedMessage, now time.Time, c uint64) (t *topicState, i int, err error) {
+func (p *Producer) prepare(ctx context.Context, m *Message, em *EnhancedMessage, now time.Time, c uint64) (t *topicState, i int, err error) {
 	if t, err = p.check(m); err != nil {
 		return nil, 0, err
 	}
@@ -163,6 +168,10 @@ func (p *Producer) prepare(m *Message, em *EnhancedMessage, now time.Time, c uin
 	em.Producer = p.name
 	if i, err = p.route(em, t.meta); err != nil {
 		return nil, 0, err
+	}
+	if p.hooks != nil {
+		em.Queue = i
+		p.hooks.onSend(ctx, em)
 	}
 	return t, i, nil
 }
@@ -208,14 +217,30 @@ func (p *Producer) route(em *EnhancedMessage, meta TopicMeta) (int, error) {
 // filled in, the others have Offset -1, and the error says which queue
 // failed.
 func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult, error) {
+	results, ems, err := p.sendBatch(ctx, msgs)
+	if p.hooks != nil {
+		for i := range ems {
+			var werr error
+			if results == nil || results[i].Offset < 0 {
+				werr = err
+			}
+			p.hooks.onSent(ctx, &ems[i], werr)
+		}
+	}
+	return results, err
+}
+
+// sendBatch is SendBatch; it returns the stamped messages too, for the
+// hooks (nil when nothing was stamped).
+func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult, []EnhancedMessage, error) {
 	if len(msgs) == 0 {
 		if p.closed.Load() {
-			return nil, errorf("ferry: send batch: %w", ErrClosed)
+			return nil, nil, errorf("ferry: send batch: %w", ErrClosed)
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, errorf("ferry: send batch: %w", err)
+		return nil, nil, errorf("ferry: send batch: %w", err)
 	}
 	now := p.b.clock.now()
 	ems := make([]EnhancedMessage, len(msgs))
@@ -228,9 +253,9 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 	var bucketOf []int // nil while every message goes to queue q0 of targets[0]
 	q0, buckets := 0, 0
 	for i, m := range msgs {
-		t, q, err := p.prepare(m, &ems[i], now, first+uint64(i))
+		t, q, err := p.prepare(ctx, m, &ems[i], now, first+uint64(i))
 		if err != nil {
-			return nil, errorf("ferry: send batch: message %d: %w", i, err)
+			return nil, ems[:i], errorf("ferry: send batch: message %d: %w", i, err)
 		}
 		if i == 0 {
 			targets = append(targets, target{t: t})
@@ -261,7 +286,8 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 		bucketOf[i] = targets[k].bucket + q
 	}
 	if bucketOf == nil {
-		return p.writeOne(ctx, targets[0].t, q0, ems, now)
+		results, err := p.writeOne(ctx, targets[0].t, q0, ems, now)
+		return results, ems, err
 	}
 	// Counting sort by bucket keeps each queue's messages in input order.
 	start := make([]int, buckets+1)
@@ -290,7 +316,7 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 				continue
 			}
 			if _, err := writeAt(ctx, tg.t.queues[q], sorted[lo:hi], now); err != nil {
-				return results, errorf("ferry: send batch: write %s: %w", tg.t.queues[q].ID(), err)
+				return results, ems, errorf("ferry: send batch: write %s: %w", tg.t.queues[q].ID(), err)
 			}
 			for k := lo; k < hi; k++ {
 				em := sorted[k]
@@ -298,7 +324,7 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 			}
 		}
 	}
-	return results, nil
+	return results, ems, nil
 }
 
 // writeOne writes a batch whose messages all go to queue q of t: no

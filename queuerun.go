@@ -94,10 +94,12 @@ func (r *queueRun) run() {
 	r.buf.Reset(start)
 	r.owned.Store(true)
 	r.callback("assigned", m.cfg.onAssigned)
+	m.hooks.onRebalanced(m.scope, m.cfg.memberID, r.id, true)
 	readyOnce()
 	r.fetch()
 	r.release()
 	r.callback("revoked", m.cfg.onRevoked)
+	m.hooks.onRebalanced(m.scope, m.cfg.memberID, r.id, false)
 }
 
 // callback calls f (a rebalance callback) with the queue, reporting a
@@ -225,6 +227,7 @@ func (r *queueRun) resetTo(from, oldest, next int64) int64 {
 	if m.cfg.onReset != nil {
 		m.cfg.onReset(r.id, from, to)
 	}
+	m.hooks.onReset(m.scope, r.id, from, to)
 	return to
 }
 
@@ -424,7 +427,11 @@ func (r *queueRun) commitLocked(final bool) error {
 	m := r.m
 	start := time.Now()
 	err := r.commitCursor(context.Background(), off)
-	m.recordCommit(time.Since(start))
+	took := time.Since(start)
+	m.recordCommit(took)
+	if m.hooks != nil {
+		m.hooks.onCommitted(CommitEvent{Group: m.scope, Member: m.cfg.memberID, Queue: r.id, Offset: off, Took: took, Err: err})
+	}
 	if err != nil {
 		return errorf("ferry: commit %s at %d: %w", r.id, off, err)
 	}
