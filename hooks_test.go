@@ -140,7 +140,7 @@ func (h *countingHook) OnHandled(context.Context, *ferry.EnhancedMessage, time.D
 type noopHook struct{}
 
 func (noopHook) OnHandled(context.Context, *ferry.EnhancedMessage, time.Duration, error) {}
-func (noopHook) OnSent(context.Context, *ferry.EnhancedMessage, error)                  {}
+func (noopHook) OnSent(context.Context, *ferry.EnhancedMessage, error)                   {}
 
 // BenchmarkHooks is W1 (one producer, one consumer, one queue) with no
 // hook, a no-op hook and a counting hook.
