@@ -2,6 +2,7 @@ package ferry
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 )
@@ -83,6 +84,9 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 // If the allocator's first split is broken, Start reports it (see
 // [WithOnError]) and does not wait for the locks.
 func (c *Consumer) Start(ctx context.Context) error {
+	if err := c.createDeadLetter(ctx); err != nil {
+		return errorf("ferry: start consumer: dead-letter topic %q: %w", c.m.cfg.deadLetter, err)
+	}
 	err := c.m.start(ctx, func() {
 		d := newDeliverer(c.m, c.h)
 		c.d.Store(d)
@@ -97,6 +101,21 @@ func (c *Consumer) Start(ctx context.Context) error {
 		return errorf("ferry: start consumer: %w", err)
 	}
 	return nil
+}
+
+// createDeadLetter creates the dead-letter topic (one queue) if it does
+// not exist, so that a reader of dead letters started with the consumer
+// finds it.
+func (c *Consumer) createDeadLetter(ctx context.Context) error {
+	b := c.m.b
+	if _, ok := b.Topic(c.m.cfg.deadLetter); ok {
+		return nil
+	}
+	err := b.CreateTopic(ctx, TopicMeta{Name: c.m.cfg.deadLetter, Queues: 1})
+	if errors.Is(err, ErrTopicExists) || errors.Is(err, ErrClosed) {
+		return nil // exists with other metadata: used as it is; closed: start says so
+	}
+	return err
 }
 
 // Close stops fetching, leaves the group, lets in-flight handlers finish

@@ -164,8 +164,9 @@ func WithMaxRetryBackoff(d time.Duration) ConsumerOption {
 	return func(c *consumerConfig) { c.maxBackoff = d; c.push("WithMaxRetryBackoff") }
 }
 
-// WithDeadLetter sets the topic failed messages go to (push only); it is
-// created with one queue on first use if it does not exist. A dead letter
+// WithDeadLetter sets the topic failed messages go to (push only); Start
+// creates it with one queue if it does not exist, so that a reader of
+// dead letters can start with the consumer. A dead letter
 // is the message with the headers of its origin added (the error text cut
 // to 1 KiB), sent with no size bound of its own, so whatever a producer
 // could send can be dead-lettered; a send the topic's queue refuses is

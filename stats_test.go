@@ -70,3 +70,16 @@ func TestPullConsumerStats(t *testing.T) {
 	require.Len(t, st.Queues, 1)
 	assert.Equal(t, int64(10), st.Queues[0].Committed)
 }
+
+// Start creates the dead-letter topic, so a reader of dead letters can
+// start at boot.
+func TestDeadLetterTopicExistsAfterStart(t *testing.T) {
+	b := newTopic(t, 1)
+	startConsumer(t, b, "g", ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error { return nil }))
+	_, err := b.Queue("%DLQ%g", 0)
+	require.NoError(t, err)
+	dl, err := b.NewConsumer("audit", "%DLQ%g", ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error { return nil }))
+	require.NoError(t, err)
+	require.NoError(t, dl.Start(context.Background()))
+	require.NoError(t, dl.Close())
+}
