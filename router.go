@@ -31,34 +31,61 @@ func (f RouterFunc) Select(m *EnhancedMessage, meta TopicMeta) (int, error) { re
 //
 // Messages without a Key are spread round robin in runs, as Kafka's
 // sticky partitioner spreads records without a key: consecutive keyless
-// messages stick to one queue for up to [StickyRun] messages, then move to
-// the next queue. A run also ends when no keyless message came for
-// [StickyGap] (by BornTime), so a producer that sends now and then goes
+// messages stick to one queue for up to [DefaultStickyRun] messages (see
+// [WithStickyRun]), then move to the next queue. A run also ends when no
+// keyless message came for [DefaultStickyGap] (see [WithStickyGap]; by
+// BornTime), so a producer that sends now and then goes
 // round robin message by message, while one that sends fast hands each
 // queue runs of messages its consumer reads and handles in batches. Every
 // queue gets the same share over StickyRun × Queues messages. Each router
 // starts one run further than the one made before it, so producers
 // sending at the same pace fill different queues.
-func KeyHashRouter() Router {
-	r := &keyHashRouter{}
-	r.n.Store(routerSeq.Add(1) * StickyRun)
+func KeyHashRouter(opts ...KeyHashOption) Router {
+	r := &keyHashRouter{run: DefaultStickyRun, gap: int64(DefaultStickyGap)}
+	for _, o := range opts {
+		if o != nil {
+			o(r)
+		}
+	}
+	r.touch = r.gap / 10
+	r.n.Store(routerSeq.Add(1) * r.run)
 	return r
 }
 
-// StickyRun is the most consecutive keyless messages [KeyHashRouter] sends
-// to one queue.
-const StickyRun = 64
+// KeyHashOption configures a [KeyHashRouter].
+type KeyHashOption func(*keyHashRouter)
 
-// StickyGap is the pause between keyless messages after which
-// [KeyHashRouter] moves to the next queue.
-const StickyGap = time.Millisecond
+// WithStickyRun sets the most consecutive keyless messages the router
+// sends to one queue; 1 (or less) is strict round robin. Default:
+// [DefaultStickyRun].
+func WithStickyRun(n int) KeyHashOption {
+	return func(r *keyHashRouter) { r.run = uint64(max(1, n)) }
+}
+
+// WithStickyGap sets the pause between keyless messages after which the
+// router moves to the next queue; 0 (or less) never cuts a run for a
+// pause. Default: [DefaultStickyGap].
+func WithStickyGap(d time.Duration) KeyHashOption {
+	return func(r *keyHashRouter) { r.gap = int64(max(0, d)) }
+}
+
+// DefaultStickyRun is the most consecutive keyless messages
+// [KeyHashRouter] sends to one queue by default.
+const DefaultStickyRun = 64
+
+// DefaultStickyGap is the pause between keyless messages after which
+// [KeyHashRouter] moves to the next queue by default.
+const DefaultStickyGap = time.Millisecond
 
 // routerSeq numbers the KeyHashRouters of the process.
 var routerSeq atomic.Uint64
 
 type keyHashRouter struct {
-	n    atomic.Uint64 // keyless messages routed, plus the skips of runs cut short
-	last atomic.Int64  // BornTime (Unix ns) of a recent keyless message
+	run   uint64        // the run length
+	gap   int64         // the pause that cuts a run (ns); 0: none
+	touch int64         // how stale last may get: a tenth of the gap
+	n     atomic.Uint64 // keyless messages routed, plus the skips of runs cut short
+	last  atomic.Int64  // BornTime (Unix ns) of a recent keyless message
 }
 
 func (r *keyHashRouter) Select(m *EnhancedMessage, meta TopicMeta) (int, error) {
@@ -68,21 +95,20 @@ func (r *keyHashRouter) Select(m *EnhancedMessage, meta TopicMeta) (int, error) 
 	if meta.Queues == 1 {
 		return 0, nil
 	}
-	born := m.BornTime.UnixNano()
-	if last := r.last.Load(); born-last > int64(stickyTouch) {
-		// last is refreshed only every stickyTouch, so that routing a
-		// message writes no shared memory but the counter.
-		r.last.Store(born)
-		if born-last > int64(StickyGap) {
-			n := r.n.Load()
-			r.n.CompareAndSwap(n, (n/StickyRun+1)*StickyRun) // the run ends
+	if r.gap > 0 {
+		born := m.BornTime.UnixNano()
+		if last := r.last.Load(); born-last > r.touch {
+			// last is refreshed only every touch, so that routing a
+			// message writes no shared memory but the counter.
+			r.last.Store(born)
+			if born-last > r.gap {
+				n := r.n.Load()
+				r.n.CompareAndSwap(n, (n/r.run+1)*r.run) // the run ends
+			}
 		}
 	}
-	return int((r.n.Add(1) - 1) / StickyRun % uint64(meta.Queues)), nil
+	return int((r.n.Add(1) - 1) / r.run % uint64(meta.Queues)), nil
 }
-
-// stickyTouch is how stale keyHashRouter.last may get: a tenth of the gap.
-const stickyTouch = StickyGap / 10
 
 // RoundRobinRouter returns a router that spreads messages over the queues
 // in turn, with one counter shared by all topics.

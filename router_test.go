@@ -50,8 +50,8 @@ func TestKeyHashRouterSticksEmptyKeysInRuns(t *testing.T) {
 	meta := ferry.TopicMeta{Name: "t", Queues: 4}
 	born := time.Now()
 	var seq []int
-	for i := range 3 * 4 * ferry.StickyRun {
-		// Fast: a microsecond apart, well within StickyGap.
+	for i := range 3 * 4 * ferry.DefaultStickyRun {
+		// Fast: a microsecond apart, well within DefaultStickyGap.
 		m := &ferry.EnhancedMessage{BornTime: born.Add(time.Duration(i) * time.Microsecond)}
 		q, err := r.Select(m, meta)
 		require.NoError(t, err)
@@ -61,8 +61,8 @@ func TestKeyHashRouterSticksEmptyKeysInRuns(t *testing.T) {
 	for _, q := range seq {
 		counts[q]++
 	}
-	assert.Equal(t, []int{3 * ferry.StickyRun, 3 * ferry.StickyRun, 3 * ferry.StickyRun, 3 * ferry.StickyRun}, counts)
-	// Runs of StickyRun, each on the queue after the previous run's.
+	assert.Equal(t, []int{3 * ferry.DefaultStickyRun, 3 * ferry.DefaultStickyRun, 3 * ferry.DefaultStickyRun, 3 * ferry.DefaultStickyRun}, counts)
+	// Runs of DefaultStickyRun, each on the queue after the previous run's.
 	runs := 0
 	for i := 1; i < len(seq); i++ {
 		if seq[i] != seq[i-1] {
@@ -74,8 +74,8 @@ func TestKeyHashRouterSticksEmptyKeysInRuns(t *testing.T) {
 	assert.LessOrEqual(t, runs, 3*4)
 	for i := range seq {
 		if i > 0 && seq[i] != seq[i-1] {
-			for j := i; j < min(i+ferry.StickyRun, len(seq)); j++ {
-				require.Equal(t, seq[i], seq[j], "a run is %d messages", ferry.StickyRun)
+			for j := i; j < min(i+ferry.DefaultStickyRun, len(seq)); j++ {
+				require.Equal(t, seq[i], seq[j], "a run is %d messages", ferry.DefaultStickyRun)
 			}
 		}
 	}
@@ -87,8 +87,8 @@ func TestKeyHashRouterRoundRobinsSlowEmptyKeys(t *testing.T) {
 	born := time.Now()
 	var seq []int
 	for i := range 9 {
-		// Slow: each message more than StickyGap after the one before.
-		m := &ferry.EnhancedMessage{BornTime: born.Add(time.Duration(i) * 2 * ferry.StickyGap)}
+		// Slow: each message more than DefaultStickyGap after the one before.
+		m := &ferry.EnhancedMessage{BornTime: born.Add(time.Duration(i) * 2 * ferry.DefaultStickyGap)}
 		q, err := r.Select(m, meta)
 		require.NoError(t, err)
 		seq = append(seq, q)
@@ -155,4 +155,29 @@ func TestRoundRobinRandomManualRouters(t *testing.T) {
 	boom := errors.New("boom")
 	_, err = ferry.RouterFunc(func(*ferry.EnhancedMessage, ferry.TopicMeta) (int, error) { return 0, boom }).Select(nil, meta)
 	assert.ErrorIs(t, err, boom)
+}
+
+// The sticky run and gap are options of KeyHashRouter.
+func TestKeyHashRouterStickyOptions(t *testing.T) {
+	meta := ferry.TopicMeta{Name: "t", Queues: 4}
+	born := time.Now()
+	route := func(r ferry.Router, n int, step time.Duration) []int {
+		var seq []int
+		for i := range n {
+			q, err := r.Select(&ferry.EnhancedMessage{BornTime: born.Add(time.Duration(i) * step)}, meta)
+			require.NoError(t, err)
+			seq = append(seq, q)
+		}
+		return seq
+	}
+	strict := route(ferry.KeyHashRouter(ferry.WithStickyRun(1)), 8, time.Microsecond)
+	for i := 1; i < len(strict); i++ {
+		assert.Equal(t, (strict[i-1]+1)%4, strict[i], "a run of 1 is round robin: %v", strict)
+	}
+	runs := route(ferry.KeyHashRouter(ferry.WithStickyRun(3), ferry.WithStickyGap(0)), 12, time.Hour)
+	for i := 0; i < 12; i += 3 {
+		assert.Equal(t, runs[i], runs[i+1], "no gap cuts a run: %v", runs)
+		assert.Equal(t, runs[i], runs[i+2], "runs of 3: %v", runs)
+	}
+	assert.NotEqual(t, runs[0], runs[3])
 }
