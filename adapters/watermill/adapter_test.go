@@ -92,10 +92,10 @@ func findStored(t *testing.T, b *ferry.Broker, topic string) *ferry.EnhancedMess
 
 // Messages of one key keep their order across a group of subscribers,
 // while unkeyed messages spread over every queue (in runs of
-// ferry.StickyRun when they come fast).
+// ferry.DefaultStickyRun when they come fast).
 func TestKeyOrderAcrossSubscribersOfAGroup(t *testing.T) {
 	const keys, perKey = 8, 50
-	const unkeyed = ferry.StickyRun * ferrywm.DefaultQueues
+	const unkeyed = ferry.DefaultStickyRun * ferrywm.DefaultQueues
 	b := memoryBroker(t)
 	pub, sub1 := newPubSub(t, b, ferrywm.PublisherConfig{}, ferrywm.SubscriberConfig{ConsumerGroup: "g"})
 	_, sub2 := newPubSub(t, b, ferrywm.PublisherConfig{}, ferrywm.SubscriberConfig{ConsumerGroup: "g"})
