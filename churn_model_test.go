@@ -520,6 +520,11 @@ func (c *churn) pullLoop(ctx context.Context, m *churnMember) {
 		for i, msg := range msgs {
 			calls[i] = c.tr.enter(m.group, m.id, msg.Queue, msg.Offset, string(msg.Body), 1, nil)
 		}
+		// The handling is over once Commit is called: the commit can
+		// let the queue go to the next owner before Commit returns.
+		for _, cl := range calls {
+			c.tr.handingBack(cl)
+		}
 		err = m.pc.Commit(context.Background(), msgs...)
 		out := outOK
 		if err != nil {

@@ -155,8 +155,9 @@ type tracker struct {
 	crashes   []string
 	bgErrs    []string
 	bgCount   int
-	workers   map[string]int // push member -> its worker count
-	stale     map[string]int // "member/queue" -> stale calls seen
+	workers   map[string]int  // push member -> its worker count
+	crashing  map[string]bool // "group/member" of pull members being crash-closed
+	stale     map[string]int  // "member/queue" -> stale calls seen
 }
 
 // setWorkers records how many workers a push member runs.
@@ -174,6 +175,7 @@ func newTracker(queues int, groups map[string]bool) *tracker {
 		total:     map[string]int{},
 		dlqFailed: map[string]bool{},
 		workers:   map[string]int{},
+		crashing:  map[string]bool{},
 		stale:     map[string]int{},
 	}
 	for name, ordered := range groups {
@@ -251,6 +253,7 @@ func (tr *tracker) enter(group, member string, queue int, off int64, body string
 	c := &call{group: group, member: member, queue: queue, offset: off, attempt: attempt, done: done}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	c.abandoned = tr.crashing[group+"/"+member]
 	g := tr.groups[group]
 	qt := g.queues[queue]
 	r := qt.rec(off)
@@ -261,12 +264,12 @@ func (tr *tracker) enter(group, member string, queue int, off int64, body string
 		tr.violateLocked(violIntegrity, "group %s queue %d offset %d: member %s got body %q, earlier %q", group, queue, off, member, body, r.body)
 	}
 	stale := ""
-	if c.givenUp() {
+	if c.done != nil && c.givenUp() { // a push call whose context was cancelled before it started
 		stale = " (the entering call is stale, see stale-call)"
 		k := member + "/" + strconv.Itoa(queue)
 		tr.stale[k]++
 	}
-	if c.givenUp() && tr.stale[member+"/"+strconv.Itoa(queue)] > max(1, tr.workers[member]) {
+	if stale != "" && tr.stale[member+"/"+strconv.Itoa(queue)] > max(1, tr.workers[member]) {
 		tr.violateLocked(violStale, "group %s queue %d offset %d attempt %d: member %s called the handler with its context already cancelled (the queue was given up after a drain timeout; no call may start then)",
 			group, queue, off, attempt, member)
 	}
@@ -293,6 +296,15 @@ func insideList(qt *queueTrack) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// handingBack records that a pull member is done handling c and is
+// committing it: the commit may hand the queue over before it returns,
+// so c no longer counts as inside for the overlap check.
+func (tr *tracker) handingBack(c *call) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	delete(tr.groups[c.group].queues[c.queue].inside, c)
 }
 
 // exit records how a call ended.
@@ -324,6 +336,9 @@ func (tr *tracker) exit(c *call, out outcome) {
 func (tr *tracker) abandonMember(group, member string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	// Its loop runs on until Close stops it, and may poll more meanwhile:
+	// those calls are abandoned too.
+	tr.crashing[group+"/"+member] = true
 	for _, qt := range tr.groups[group].queues {
 		for c := range qt.inside {
 			if c.member == member {
