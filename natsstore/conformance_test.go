@@ -58,3 +58,33 @@ func runSuites(t *testing.T, c *cluster) {
 }
 
 func TestSingle(t *testing.T) { runSuites(t, singleServer(t)) }
+
+func openCoordinator(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option) *natsstore.Coordinator {
+	t.Helper()
+	js := c.connect(t)
+	opts = append([]natsstore.Option{natsstore.WithPrefix(prefix), natsstore.WithTTL(2 * time.Second)}, opts...)
+	if len(c.servers) == 3 {
+		opts = append(opts, natsstore.WithReplicas(3))
+	}
+	co, err := natsstore.NewCoordinator(context.Background(), js, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return co
+}
+
+func runCoordinatorSuite(t *testing.T, c *cluster) {
+	f := ferrytest.CoordinatorFeatures{
+		Timeout: 20 * time.Second,
+		Expire: func(co ferry.Coordinator, g ferry.GroupKey, member string) {
+			if err := natsstore.DeleteMember(context.Background(), co.(*natsstore.Coordinator), g, member); err != nil {
+				panic(err)
+			}
+		},
+	}
+	ferrytest.TestCoordinator(t, f, func(t *testing.T) ferry.Coordinator {
+		return openCoordinator(t, c, fmt.Sprintf("c%d", fresh.Add(1)))
+	})
+}
+
+func TestSingleCoordinator(t *testing.T) { runCoordinatorSuite(t, singleServer(t)) }

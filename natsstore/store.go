@@ -54,10 +54,10 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 	s := &Store{cfg: cfg, js: js, queues: map[*queue]struct{}{}}
 	ctx, cancel := cfg.bound(ctx)
 	defer cancel()
-	if s.topics, err = bucket(ctx, js, cfg, "topics", 0); err != nil {
+	if s.topics, err = bucket(ctx, js, cfg, "topics", false); err != nil {
 		return nil, err
 	}
-	if s.cursors, err = bucket(ctx, js, cfg, "cursors", 0); err != nil {
+	if s.cursors, err = bucket(ctx, js, cfg, "cursors", false); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -72,7 +72,7 @@ func (c config) bound(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // bucket opens (creating if absent) the bucket "<prefix>_<name>".
-func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string, ttl int64) (jetstream.KeyValue, error) {
+func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string, ttl bool) (jetstream.KeyValue, error) {
 	full := cfg.prefix + "_" + name
 	kv, err := js.KeyValue(ctx, full)
 	if err == nil {
@@ -82,7 +82,7 @@ func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string
 		return nil, fmt.Errorf("ferry: natsstore: bucket %s: %w", full, err)
 	}
 	kcfg := jetstream.KeyValueConfig{Bucket: full, Replicas: cfg.replicas, Storage: cfg.storage, History: 1}
-	if ttl > 0 {
+	if ttl {
 		kcfg.TTL = cfg.ttl
 		kcfg.LimitMarkerTTL = cfg.ttl
 	}
