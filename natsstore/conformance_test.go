@@ -88,3 +88,14 @@ func runCoordinatorSuite(t *testing.T, c *cluster) {
 }
 
 func TestSingleCoordinator(t *testing.T) { runCoordinatorSuite(t, singleServer(t)) }
+
+// TestCluster runs the suites on an embedded 3-node cluster with R3
+// streams and buckets.
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: no cluster")
+	}
+	c := tripleServer(t)
+	runSuites(t, c)
+	t.Run("Coordinator", func(t *testing.T) { runCoordinatorSuite(t, c) })
+}

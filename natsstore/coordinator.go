@@ -214,8 +214,23 @@ func (c *Coordinator) Close() error {
 		ss = append(ss, s)
 	}
 	c.mu.Unlock()
+	// Stop every session before any key is freed, so that no session
+	// takes a lock another one of this coordinator gives up.
+	type stopped struct {
+		s      *session
+		leases []*lease
+		rev    uint64
+	}
+	var st []stopped
 	for _, s := range ss {
-		s.end(true)
+		if leases, rev, ok := s.stopping(); ok {
+			st = append(st, stopped{s, leases, rev})
+		}
+	}
+	for _, x := range st {
+		x.s.finish(x.leases, x.rev, true)
+	}
+	for _, s := range ss {
 		s.wg.Wait()
 	}
 	return nil
@@ -341,19 +356,29 @@ func (s *session) heartbeat(start time.Time) {
 // lost) and their keys deleted, its member key deleted, Done closed. It
 // does not wait for the session's goroutines (a caller may be one).
 func (s *session) end(lost bool) {
+	if leases, rev, ok := s.stopping(); ok {
+		s.finish(leases, rev, lost)
+	}
+}
+
+// stopping marks the session ended and stops its goroutines and waiting
+// Locks; ok is false if it had ended already.
+func (s *session) stopping() (leases []*lease, rev uint64, ok bool) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.ended {
-		s.mu.Unlock()
-		return
+		return nil, 0, false
 	}
 	s.ended = true
 	close(s.stop)
-	leases := make([]*lease, 0, len(s.leases))
 	for _, l := range s.leases {
 		leases = append(leases, l)
 	}
-	rev := s.rev
-	s.mu.Unlock()
+	return leases, s.rev, true
+}
+
+// finish gives up the leases of a stopped session and deletes its keys.
+func (s *session) finish(leases []*lease, rev uint64, lost bool) {
 	for _, l := range leases {
 		l.give(lost)
 	}
