@@ -30,7 +30,7 @@ func newNode(t *testing.T, c *cluster, prefix string) *node {
 	n.store, err = natsstore.Open(t.Context(), n.js, natsstore.WithPrefix(prefix), natsstore.WithOpTimeout(time.Second))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.store.Close() })
-	n.coord, err = natsstore.NewCoordinator(t.Context(), n.js, natsstore.WithPrefix(prefix), natsstore.WithTTL(2*time.Second), natsstore.WithOpTimeout(time.Second))
+	n.coord, err = natsstore.NewCoordinator(t.Context(), n.js, natsstore.WithPrefix(prefix), natsstore.WithTTL(childTTL), natsstore.WithOpTimeout(time.Second))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.coord.Close() })
 	n.b, err = ferry.NewBroker(ferry.WithStorage(n.store), ferry.WithCursorStore(n.store), ferry.WithCoordinator(n.coord))
