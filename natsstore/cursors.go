@@ -64,15 +64,16 @@ func (s *Store) Load(ctx context.Context, topic, group string, queues int) ([]in
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
-	err := scan(ctx, s.cursors, encodeToken(topic)+"."+encodeToken(group)+".*", func(e jetstream.KeyValueEntry) error {
+	es, err := liveEntries(ctx, s.js, s.cursors, encodeToken(topic)+"."+encodeToken(group)+".*")
+	for _, e := range es {
 		_, q, ok := parseCursorKey(e.Key())
 		if !ok || q >= queues {
-			return nil
+			continue
 		}
-		off, _, err := decodeCursor(e.Value())
-		out[q] = off
-		return err
-	})
+		if out[q], _, err = decodeCursor(e.Value()); err != nil {
+			break
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ferry: natsstore: load cursor %s/%s: %w", topic, group, err)
 	}
@@ -159,32 +160,41 @@ func (s *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cu
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
 	out := ferry.Cursors{Topic: topic, Groups: map[string]ferry.Cursor{}}
-	err := scan(ctx, s.cursors, encodeToken(topic)+".*.*", func(e jetstream.KeyValueEntry) error {
-		group, q, ok := parseCursorKey(e.Key())
-		if !ok {
-			return nil
+	es, err := liveEntries(ctx, s.js, s.cursors, encodeToken(topic)+".*.*")
+	for _, e := range es {
+		if err != nil {
+			break
 		}
-		c, have := out.Groups[group]
-		if !have {
-			c = ferry.Cursor{Group: group, Offsets: make([]int64, queues)}
-			for i := range c.Offsets {
-				c.Offsets[i] = -1
-			}
-			out.Groups[group] = c
-		}
-		if q < queues {
-			off, _, err := decodeCursor(e.Value())
-			if err != nil {
-				return err
-			}
-			c.Offsets[q] = off
-		}
-		return nil
-	})
+		err = addCursor(out, e, queues)
+	}
 	if err != nil {
 		return ferry.Cursors{}, fmt.Errorf("ferry: natsstore: list cursors of %s: %w", topic, err)
 	}
 	return out, nil
+}
+
+// addCursor adds the cursor entry e to out.
+func addCursor(out ferry.Cursors, e jetstream.KeyValueEntry, queues int) error {
+	group, q, ok := parseCursorKey(e.Key())
+	if !ok {
+		return nil
+	}
+	c, have := out.Groups[group]
+	if !have {
+		c = ferry.Cursor{Group: group, Offsets: make([]int64, queues)}
+		for i := range c.Offsets {
+			c.Offsets[i] = -1
+		}
+		out.Groups[group] = c
+	}
+	if q < queues {
+		off, _, err := decodeCursor(e.Value())
+		if err != nil {
+			return err
+		}
+		c.Offsets[q] = off
+	}
+	return nil
 }
 
 // Forget implements [ferry.CursorGroups]: it purges the group's keys of
@@ -198,16 +208,12 @@ func (s *Store) Forget(ctx context.Context, topic, group string) error {
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
-	var keys []string
-	err := scan(ctx, s.cursors, encodeToken(topic)+"."+encodeToken(group)+".*", func(e jetstream.KeyValueEntry) error {
-		keys = append(keys, e.Key())
-		return nil
-	})
-	for _, k := range keys {
+	es, err := liveEntries(ctx, s.js, s.cursors, encodeToken(topic)+"."+encodeToken(group)+".*")
+	for _, e := range es {
 		if err != nil {
 			break
 		}
-		err = s.cursors.Purge(ctx, k)
+		err = s.cursors.Purge(ctx, e.Key())
 	}
 	if err != nil {
 		return fmt.Errorf("ferry: natsstore: forget cursor %s/%s: %w", topic, group, err)

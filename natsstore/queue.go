@@ -327,6 +327,18 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 			break
 		}
 	}
+	if n == 0 {
+		// A direct get may be served by a follower that lags: ask the
+		// leader before calling the offset gone.
+		m, ok, err := q.leaderGet(ctx, uint64(offset)+1)
+		if err != nil {
+			return 0, q.readErr(ctx, err)
+		}
+		if ok {
+			dst[0] = m
+			return 1, nil
+		}
+	}
 	return n, nil
 }
 

@@ -60,6 +60,11 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 	if s.cursors, err = bucket(ctx, js, cfg, "cursors", false); err != nil {
 		return nil, err
 	}
+	for _, kv := range []*jetstream.KeyValue{&s.topics, &s.cursors} {
+		if *kv, err = leaderReads(ctx, js, *kv); err != nil {
+			return nil, fmt.Errorf("ferry: natsstore: open: %w", err)
+		}
+	}
 	return s, nil
 }
 
@@ -135,14 +140,15 @@ func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
 	var out []ferry.TopicMeta
-	err := scan(ctx, s.topics, ">", func(e jetstream.KeyValueEntry) error {
-		m, err := decodeMeta(e.Value())
-		if err != nil {
-			return err
+	es, err := liveEntries(ctx, s.js, s.topics, ">")
+	for _, e := range es {
+		m, derr := decodeMeta(e.Value())
+		if derr != nil {
+			err = derr
+			break
 		}
 		out = append(out, m)
-		return nil
-	})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ferry: natsstore: topics: %w", err)
 	}
