@@ -407,7 +407,13 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 		out[i] = &nats.Msg{Subject: q.subject, Header: nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}, Data: ferry.AppendEncode(nil, m)}
 	}
 	for {
-		last, err := q.publish(ctx, out)
+		last, dup, err := q.publish(ctx, out)
+		if err == nil && dup {
+			// Stored by an earlier Write: give back its StoreTime too.
+			if m, ok, gerr := q.leaderGet(ctx, uint64(last)+1); gerr == nil && ok {
+				msgs[0].StoreTime = m.StoreTime
+			}
+		}
 		if err == nil {
 			first := last - int64(len(msgs)) + 1
 			for i, m := range msgs {
@@ -418,12 +424,12 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 		}
 		switch {
 		case isDuplicateBatch(err):
-			first, ferr := q.locate(ctx, hint, msgs[0].ID)
+			first, at, ferr := q.locate(ctx, hint, msgs[0].ID)
 			if ferr != nil {
 				return 0, fmt.Errorf("ferry: natsstore: write %s: a retried batch was stored before, finding it: %w", q.id, ferr)
 			}
 			for i, m := range msgs {
-				m.Offset = first + int64(i)
+				m.Offset, m.StoreTime = first+int64(i), at
 			}
 			q.advance(first + int64(len(msgs)))
 			return first, nil
@@ -451,14 +457,15 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 	}
 }
 
-// publish stores out and returns the offset of its last message.
-func (q *queue) publish(ctx context.Context, out []*nats.Msg) (int64, error) {
+// publish stores out and returns the offset of its last message; dup
+// says a single message was stored before (and dropped now).
+func (q *queue) publish(ctx context.Context, out []*nats.Msg) (last int64, dup bool, err error) {
 	if len(out) == 1 {
 		ack, err := q.s.js.PublishMsg(ctx, out[0])
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
-		return int64(ack.Sequence) - 1, nil
+		return int64(ack.Sequence) - 1, ack.Duplicate, nil
 	}
 	// PublishMsgBatch rewrites the batch headers: give it copies.
 	cp := make([]*nats.Msg, len(out))
@@ -469,19 +476,31 @@ func (q *queue) publish(ctx context.Context, out []*nats.Msg) (int64, error) {
 	}
 	ack, err := jetstreamext.PublishMsgBatch(ctx, q.s.js, cp)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	return int64(ack.Sequence) - 1, nil
+	return int64(ack.Sequence) - 1, false, nil
 }
 
-// locate finds the offset of the message with ID id, stored after offset
-// hint.
-func (q *queue) locate(ctx context.Context, hint int64, id ferry.MessageID) (int64, error) {
+// locate finds the offset and StoreTime of the message with ID id: first
+// after offset hint (the stream's end before a Write's first try), then,
+// for a batch written again by a later Write, over the duplicate window
+// (the stream dropped it as a duplicate, so it is stored within it).
+func (q *queue) locate(ctx context.Context, hint int64, id ferry.MessageID) (int64, time.Time, error) {
+	off, at, err := q.find(ctx, id, jetstreamext.GetBatchSeq(uint64(hint)+1))
+	if err == nil || !errors.Is(err, errNotFound) {
+		return off, at, err
+	}
+	return q.find(ctx, id, jetstreamext.GetBatchStartTime(time.Now().Add(-q.s.cfg.dupWindow-time.Minute)))
+}
+
+var errNotFound = errors.New("not found")
+
+func (q *queue) find(ctx context.Context, id ferry.MessageID, from jetstreamext.GetBatchOpt) (int64, time.Time, error) {
 	want := id.String()
-	for seq := uint64(hint) + 1; ; {
-		it, err := jetstreamext.GetBatch(ctx, q.s.js, q.stream, readBatch, jetstreamext.GetBatchSeq(seq))
+	for {
+		it, err := jetstreamext.GetBatch(ctx, q.s.js, q.stream, readBatch, from)
 		if err != nil {
-			return 0, err
+			return 0, time.Time{}, err
 		}
 		got := 0
 		for raw, err := range it {
@@ -489,16 +508,20 @@ func (q *queue) locate(ctx context.Context, hint int64, id ferry.MessageID) (int
 				if errors.Is(err, jetstreamext.ErrNoMessages) {
 					break
 				}
-				return 0, err
+				return 0, time.Time{}, err
 			}
 			got++
 			if raw.Header.Get(jetstream.MsgIDHeader) == want {
-				return int64(raw.Sequence) - 1, nil
+				m, _, err := ferry.Decode(raw.Data)
+				if err != nil {
+					return 0, time.Time{}, err
+				}
+				return int64(raw.Sequence) - 1, m.StoreTime, nil
 			}
-			seq = raw.Sequence + 1
+			from = jetstreamext.GetBatchSeq(raw.Sequence + 1)
 		}
 		if got == 0 {
-			return 0, fmt.Errorf("message %s not found after offset %d", want, hint)
+			return 0, time.Time{}, fmt.Errorf("message %s: %w", want, errNotFound)
 		}
 	}
 }
