@@ -28,7 +28,7 @@ type config struct {
 const (
 	DefaultPrefix         = "ferry"
 	DefaultReplicas       = 1
-	DefaultOpTimeout      = 5 * time.Second
+	DefaultOpTimeout      = 2 * time.Second
 	DefaultTTL            = 15 * time.Second
 	DefaultSafety         = 0.8
 	DefaultRecordOverhead = 512
@@ -63,8 +63,10 @@ func WithReplicas(n int) Option { return func(c *config) { c.replicas = n } }
 func WithMemoryStorage() Option { return func(c *config) { c.storage = jetstream.MemoryStorage } }
 
 // WithOpTimeout bounds each request to NATS made by a call without a
-// context (Offsets, Release, Close, heartbeats) and each one made under a
-// context without a deadline. Default 5 s.
+// context (Offsets, Release, TryWrite) or under a context without a
+// deadline, and each try of a write: a write whose try times out (its
+// stream's leader died, say) tries again, with the same message IDs,
+// until its context ends. Default 2 s.
 func WithOpTimeout(d time.Duration) Option { return func(c *config) { c.opTimeout = d } }
 
 // WithTTL sets the coordinator's time to live: a member or lock holder

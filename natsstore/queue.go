@@ -407,10 +407,15 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 		out[i] = &nats.Msg{Subject: q.subject, Header: nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}, Data: ferry.AppendEncode(nil, m)}
 	}
 	for {
-		last, dup, err := q.publish(ctx, out)
+		tctx, tcancel := context.WithTimeout(ctx, q.s.cfg.opTimeout) // one try
+		last, dup, err := q.publish(tctx, out)
+		tcancel()
 		if err == nil && dup {
 			// Stored by an earlier Write: give back its StoreTime too.
-			if m, ok, gerr := q.leaderGet(ctx, uint64(last)+1); gerr == nil && ok {
+			gctx, gcancel := q.s.cfg.bound(ctx)
+			m, ok, gerr := q.leaderGet(gctx, uint64(last)+1)
+			gcancel()
+			if gerr == nil && ok {
 				msgs[0].StoreTime = m.StoreTime
 			}
 		}

@@ -65,9 +65,15 @@ func singleServer(t testing.TB) *cluster {
 func tripleServer(t testing.TB) *cluster {
 	serversMu.Lock()
 	defer serversMu.Unlock()
-	if triple != nil {
-		return triple
+	if triple == nil {
+		triple = newTriple(t)
 	}
+	return triple
+}
+
+// newTriple starts a 3-node cluster and waits for its meta leader; the
+// caller shuts it down.
+func newTriple(t testing.TB) *cluster {
 	ports := make([]int, 3)
 	for i := range ports {
 		ports[i] = freePort(t)
@@ -102,7 +108,6 @@ func tripleServer(t testing.TB) *cluster {
 			t.Fatal("nats server not ready")
 		}
 	}
-	triple = c
 	// Requests before the meta leader is elected get no reply.
 	nc, err := nats.Connect(c.url())
 	if err != nil {
@@ -123,6 +128,13 @@ func tripleServer(t testing.TB) *cluster {
 		}
 	}
 	return c
+}
+
+func (c *cluster) shutdown() {
+	for _, s := range c.servers {
+		s.Shutdown()
+		s.WaitForShutdown()
+	}
 }
 
 func (c *cluster) url() string {
