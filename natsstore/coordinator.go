@@ -319,6 +319,7 @@ func (s *session) watch(set map[string]bool, w jetstream.KeyWatcher, cancel cont
 func (s *session) heartbeat(start time.Time) {
 	cfg := s.c.cfg
 	life := time.Duration(float64(cfg.ttl) * cfg.safety)
+	last := start
 	deadline := time.NewTimer(time.Until(start.Add(life)))
 	defer deadline.Stop()
 	tick := time.NewTicker(cfg.ttl / 3)
@@ -336,7 +337,7 @@ func (s *session) heartbeat(start time.Time) {
 		rev := s.rev
 		s.mu.Unlock()
 		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.ttl/3)
+		ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ttl/3, time.Until(last.Add(life))))
 		nrev, err := s.c.members.Update(ctx, s.key, []byte(s.member), rev)
 		cancel()
 		switch {
@@ -344,6 +345,7 @@ func (s *session) heartbeat(start time.Time) {
 			s.mu.Lock()
 			s.rev = nrev
 			s.mu.Unlock()
+			last = start
 			deadline.Reset(time.Until(start.Add(life)))
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
 			s.wg.Go(func() { s.end(true) }) // the key expired or was deleted: others saw us leave
@@ -550,43 +552,25 @@ func (l *lease) give(lost bool) {
 	s.c.deleteKey(s.c.locks, l.key, rev)
 }
 
-// renew renews the lock key every TTL/3 and loses the lease at the start
-// of its last successful renewal + safety × TTL, or when the key is no
-// longer its own.
+// renew renews the lock key every TTL/3. The lease is lost by a timer of
+// its own, at the start of its last successful renewal + safety × TTL,
+// whatever a renewal in flight is doing (a check in this loop would come
+// up to a renewal's timeout late, after the server freed the key), or
+// when the key is no longer its own. A lost key is left to expire.
 func (l *lease) renew(start time.Time) {
 	s := l.s
 	cfg := s.c.cfg
 	life := time.Duration(float64(cfg.ttl) * cfg.safety)
-	deadline := time.NewTimer(time.Until(start.Add(life)))
+	lostTimer := time.AfterFunc(time.Until(start.Add(life)), l.lose)
 	tick := time.NewTicker(cfg.ttl / 3)
 	defer func() {
-		deadline.Stop()
+		lostTimer.Stop()
 		tick.Stop()
 		close(l.exited)
 	}()
-	lose := func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if l.gone {
-			return
-		}
-		l.gone = true
-		if s.leases[l.q] == l {
-			delete(s.leases, l.q)
-		}
-		close(l.stop)
-		close(l.lost)
-	}
 	for {
 		select {
 		case <-l.stop:
-			return
-		case <-deadline.C:
-			lose()
-			s.mu.Lock()
-			rev := l.rev
-			s.mu.Unlock()
-			s.c.deleteKey(s.c.locks, l.key, rev)
 			return
 		case <-tick.C:
 		}
@@ -594,18 +578,38 @@ func (l *lease) renew(start time.Time) {
 		rev := l.rev
 		s.mu.Unlock()
 		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.ttl/3)
+		ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ttl/3, time.Until(start.Add(life))))
 		nrev, err := s.c.locks.Update(ctx, l.key, []byte(s.member), rev)
 		cancel()
 		switch {
 		case err == nil:
+			if !lostTimer.Stop() {
+				return // lost meanwhile
+			}
 			s.mu.Lock()
 			l.rev = nrev
 			s.mu.Unlock()
-			deadline.Reset(time.Until(start.Add(life)))
+			lostTimer.Reset(time.Until(start.Add(life)))
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
-			lose()
+			l.lose()
 			return
 		}
 	}
+}
+
+// lose marks the lease lost: Lost closed, renewal stopped. It only
+// closes channels, so a timer may call it.
+func (l *lease) lose() {
+	s := l.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l.gone {
+		return
+	}
+	l.gone = true
+	if s.leases[l.q] == l {
+		delete(s.leases, l.q)
+	}
+	close(l.stop)
+	close(l.lost)
 }

@@ -1,6 +1,9 @@
 package natsstore_test
 
 import (
+	"errors"
+
+	"github.com/ferrymq/ferry"
 	"net"
 	"os"
 	"testing"
@@ -16,3 +19,5 @@ func freePort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+func errorsIsFenced(err error) bool { return errors.Is(err, ferry.ErrFenced) }
