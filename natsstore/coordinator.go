@@ -32,6 +32,13 @@ import (
 // before the server can expire its key and anyone else can take it. A
 // session also ends when its member key is deleted or expires.
 //
+// A member ID is taken while its key lives: a process that died and
+// restarts with the same ID within the TTL gets [ferry.ErrInvalidOption]
+// from Join until the old key expires. Members (of the coordinator and of
+// a session) come from a watch, which on a replicated bucket may be
+// served by a follower a little behind the leader; locks and tokens are
+// decided by the bucket's leader alone.
+//
 // A Coordinator is safe for concurrent use. Each session runs two
 // goroutines (heartbeat, watch) and each lease one (renewal); Close ends
 // every session and waits for them all.
