@@ -1,0 +1,101 @@
+package natsstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
+	"github.com/ferrymq/ferry/natsstore"
+)
+
+var fresh atomic.Int64
+
+// features of natsstore for the suites: persistent, fencing tokens in the
+// bucket; not RetentionExact (JetStream counts bytes its own way and ages
+// on the server's clock), Block supported.
+var features = ferrytest.Features{Persistent: true, TokensPersist: true, Block: true, Timeout: 20 * time.Second}
+
+func openStore(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option) *natsstore.Store {
+	t.Helper()
+	js := c.connect(t)
+	opts = append([]natsstore.Option{natsstore.WithPrefix(prefix)}, opts...)
+	if len(c.servers) == 3 {
+		opts = append(opts, natsstore.WithReplicas(3))
+	}
+	s, err := natsstore.Open(context.Background(), js, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func runSuites(t *testing.T, c *cluster) {
+	t.Run("Queue", func(t *testing.T) {
+		ferrytest.TestQueue(t, features, func(t *testing.T, meta ferry.TopicMeta, i int) ferry.Queue {
+			s := openStore(t, c, fmt.Sprintf("q%d", fresh.Add(1)))
+			t.Cleanup(func() { _ = s.Close() })
+			q, err := s.OpenQueue(context.Background(), meta, i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q
+		})
+	})
+	t.Run("Storage", func(t *testing.T) {
+		ferrytest.TestStorage(t, features, func(t *testing.T, dir string) ferry.Storage {
+			return openStore(t, c, prefixFor(dir))
+		})
+	})
+	t.Run("CursorStore", func(t *testing.T) {
+		ferrytest.TestCursorStore(t, features, func(t *testing.T, dir string) ferry.CursorStore {
+			return openStore(t, c, prefixFor(dir))
+		})
+	})
+}
+
+func TestSingle(t *testing.T) { runSuites(t, singleServer(t)) }
+
+func openCoordinator(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option) *natsstore.Coordinator {
+	t.Helper()
+	js := c.connect(t)
+	opts = append([]natsstore.Option{natsstore.WithPrefix(prefix), natsstore.WithTTL(2 * time.Second)}, opts...)
+	if len(c.servers) == 3 {
+		opts = append(opts, natsstore.WithReplicas(3))
+	}
+	co, err := natsstore.NewCoordinator(context.Background(), js, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return co
+}
+
+func runCoordinatorSuite(t *testing.T, c *cluster) {
+	f := ferrytest.CoordinatorFeatures{
+		Timeout: 20 * time.Second,
+		Expire: func(co ferry.Coordinator, g ferry.GroupKey, member string) {
+			if err := natsstore.DeleteMember(context.Background(), co.(*natsstore.Coordinator), g, member); err != nil {
+				panic(err)
+			}
+		},
+	}
+	ferrytest.TestCoordinator(t, f, func(t *testing.T) ferry.Coordinator {
+		return openCoordinator(t, c, fmt.Sprintf("c%d", fresh.Add(1)))
+	})
+}
+
+func TestSingleCoordinator(t *testing.T) { runCoordinatorSuite(t, singleServer(t)) }
+
+// TestCluster runs the suites on an embedded 3-node cluster with R3
+// streams and buckets.
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: no cluster")
+	}
+	c := tripleServer(t)
+	runSuites(t, c)
+	t.Run("Coordinator", func(t *testing.T) { runCoordinatorSuite(t, c) })
+}

@@ -1,0 +1,130 @@
+package natsstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/ferrymq/ferry"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Reads that must see every acknowledged write (cursors, topics) go to
+// the leader of a replicated stream: direct gets and consumers may be
+// served by a follower that lags (measured: a Load right after a commit
+// on R3 returned the offset before it). The topic and cursor buckets
+// therefore have direct gets switched off, and listing keys asks the
+// leader which subjects hold messages, then gets each key from it.
+
+// leaderReads switches direct gets off on the bucket of kv when it is
+// replicated, and returns the bucket bound again.
+func leaderReads(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue) (jetstream.KeyValue, error) {
+	name := "KV_" + kv.Bucket()
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.Replicas <= 1 || !cfg.AllowDirect {
+		return kv, nil
+	}
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("switch off direct gets of %s: %w", name, err)
+	}
+	return js.KeyValue(ctx, kv.Bucket())
+}
+
+// liveEntries returns the live entries of kv whose keys match filter, as
+// the bucket's leader has them.
+func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]jetstream.KeyValueEntry, error) {
+	st, err := js.Stream(ctx, "KV_"+kv.Bucket())
+	if err != nil {
+		return nil, err
+	}
+	pre := "$KV." + kv.Bucket() + "."
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(pre+filter))
+	if err != nil {
+		return nil, err
+	}
+	keys := make([]string, 0, len(info.State.Subjects))
+	for subj := range info.State.Subjects {
+		keys = append(keys, strings.TrimPrefix(subj, pre))
+	}
+	out := make([]jetstream.KeyValueEntry, len(keys))
+	errs := make([]error, len(keys))
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			e, err := kv.Get(ctx, k)
+			if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+				return
+			}
+			out[i], errs[i] = e, err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	live := out[:0]
+	for _, e := range out {
+		if e != nil {
+			live = append(live, e)
+		}
+	}
+	return live, nil
+}
+
+// apiPrefix is the subject prefix of js's API requests.
+func apiPrefix(js jetstream.JetStream) string {
+	o := js.Options()
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
+}
+
+// leaderGet reads the message at seq from the stream's leader (not a
+// follower's direct get); ok is false if the stream has none there.
+func (q *queue) leaderGet(ctx context.Context, seq uint64) (m *ferry.EnhancedMessage, ok bool, err error) {
+	req, _ := json.Marshal(map[string]uint64{"seq": seq})
+	resp, err := q.s.js.Conn().RequestWithContext(ctx, apiPrefix(q.s.js)+"STREAM.MSG.GET."+q.stream, req)
+	if err != nil {
+		return nil, false, err
+	}
+	var r struct {
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, false, fmt.Errorf("%w: stream message get response: %v", ferry.ErrCorrupt, err)
+	}
+	if r.Error != nil {
+		if r.Error.Code == 404 {
+			return nil, false, nil
+		}
+		return nil, false, r.Error
+	}
+	if r.Message == nil {
+		return nil, false, nil
+	}
+	m, _, err = ferry.Decode(r.Message.Data)
+	if err != nil {
+		return nil, false, err
+	}
+	m.Queue, m.Offset = q.id.Queue, int64(r.Message.Seq)-1
+	return m, true, nil
+}

@@ -1,0 +1,622 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferrymq/ferry"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Coordinator is a [ferry.Coordinator] over two KV buckets whose entries
+// live for the TTL (see [WithTTL]): "<prefix>_members", a key per member
+// of a group, put again every TTL/3 (a heartbeat, compare-and-set on its
+// revision) and watched by every session of the group; and
+// "<prefix>_locks", a key per locked (group, queue), made with a create
+// (it fails while the key exists), renewed every TTL/3 by compare-and-set
+// and released by a delete checked against the holder's revision. A
+// lease's fencing token is the revision its key was created with: the
+// bucket's revisions only grow, so tokens do too, across processes and
+// restarts. The buckets mark keys that expire, so waiters and watchers
+// see an expiry at once.
+//
+// A session or lease counts itself lost, from a timer of its own, at the
+// start of its last successful renewal + safety × TTL (see [WithSafety]):
+// before the server can expire its key and anyone else can take it. A
+// session also ends when its member key is deleted or expires.
+//
+// A member ID is taken while its key lives: a process that died and
+// restarts with the same ID within the TTL gets [ferry.ErrInvalidOption]
+// from Join until the old key expires. Members (of the coordinator and of
+// a session) come from a watch, which on a replicated bucket may be
+// served by a follower a little behind the leader; locks and tokens are
+// decided by the bucket's leader alone.
+//
+// A Coordinator is safe for concurrent use. Each session runs two
+// goroutines (heartbeat, watch) and each lease one (renewal); Close ends
+// every session and waits for them all.
+type Coordinator struct {
+	cfg     config
+	members jetstream.KeyValue
+	locks   jetstream.KeyValue
+
+	mu       sync.Mutex // guards sessions and closed
+	sessions map[*session]struct{}
+	closed   bool
+}
+
+var (
+	_ ferry.Coordinator = (*Coordinator)(nil)
+	_ ferry.Session     = (*session)(nil)
+	_ ferry.Lease       = (*lease)(nil)
+)
+
+// NewCoordinator returns a Coordinator over js, creating its buckets if
+// they are absent. A bucket made before with another TTL is
+// [ferry.ErrInvalidOption]: every member must agree on the TTL.
+func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Coordinator, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: coordinator: %w", err)
+	}
+	if js == nil {
+		return nil, fmt.Errorf("ferry: natsstore: coordinator: %w: nil JetStream", ferry.ErrInvalidOption)
+	}
+	ctx, cancel := cfg.bound(ctx)
+	defer cancel()
+	c := &Coordinator{cfg: cfg, sessions: map[*session]struct{}{}}
+	for _, b := range []struct {
+		name string
+		kv   *jetstream.KeyValue
+	}{{"members", &c.members}, {"locks", &c.locks}} {
+		kv, err := bucket(ctx, js, cfg, b.name, true)
+		if err != nil {
+			return nil, err
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("ferry: natsstore: coordinator: bucket %s: %w", b.name, err)
+		}
+		if st.TTL() != cfg.ttl {
+			return nil, fmt.Errorf("ferry: natsstore: coordinator: %w: bucket %s has TTL %v, want %v", ferry.ErrInvalidOption, st.Bucket(), st.TTL(), cfg.ttl)
+		}
+		*b.kv = kv
+	}
+	return c, nil
+}
+
+func groupPrefix(g ferry.GroupKey) string { return encodeToken(g.Scope) + "." + encodeToken(g.Topic) }
+
+// Join implements [ferry.Coordinator].
+func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {
+	if g.Scope == "" || member == "" {
+		return nil, fmt.Errorf("ferry: natsstore: join %s: %w: empty group or member", g, ferry.ErrInvalidOption)
+	}
+	if err := ferry.ValidateTopicName(g.Topic); err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, err)
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
+	}
+	ctx, cancel := c.cfg.bound(ctx)
+	defer cancel()
+	s := &session{
+		c: c, g: g, member: member, prefix: groupPrefix(g), key: groupPrefix(g) + "." + encodeToken(member),
+		changed: make(chan struct{}, 1), done: make(chan struct{}), stop: make(chan struct{}),
+		leases: map[int]*lease{},
+	}
+	start := time.Now()
+	rev, err := c.members.Create(ctx, s.key, []byte(member))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return nil, fmt.Errorf("ferry: natsstore: join: %w: member %q already in group %q of topic %q", ferry.ErrInvalidOption, member, g.Scope, g.Topic)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, err)
+	}
+	s.rev = rev
+	wctx, wcancel := context.WithCancel(context.Background())
+	w, err := c.members.Watch(wctx, s.prefix+".*")
+	if err != nil {
+		wcancel()
+		c.deleteKey(c.members, s.key, rev)
+		return nil, fmt.Errorf("ferry: natsstore: join %s: watch: %w", g, err)
+	}
+	set := map[string]bool{}
+	for initial := true; initial; {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				initial = false
+				break
+			}
+			s.apply(set, e)
+		case <-ctx.Done():
+			_ = w.Stop()
+			wcancel()
+			c.deleteKey(c.members, s.key, rev)
+			return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, ctx.Err())
+		}
+	}
+	set[member] = true // it was created before the watch started
+	s.publish(set)
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		_ = w.Stop()
+		wcancel()
+		c.deleteKey(c.members, s.key, rev)
+		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
+	}
+	c.sessions[s] = struct{}{}
+	c.mu.Unlock()
+	s.wg.Go(func() { s.heartbeat(start) })
+	s.wg.Go(func() { s.watch(set, w, wcancel) })
+	return s, nil
+}
+
+// deleteKey deletes key if its revision is still rev, bounded by the op
+// timeout; a mismatch means someone else holds it now, and is fine.
+func (c *Coordinator) deleteKey(kv jetstream.KeyValue, key string, rev uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.opTimeout)
+	defer cancel()
+	_ = kv.Delete(ctx, key, jetstream.LastRevision(rev))
+}
+
+// Members implements [ferry.Coordinator].
+func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("ferry: natsstore: members of %s: %w", g, ferry.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: members of %s: %w", g, err)
+	}
+	ctx, cancel := c.cfg.bound(ctx)
+	defer cancel()
+	var out []string
+	err := scan(ctx, c.members, groupPrefix(g)+".*", func(e jetstream.KeyValueEntry) error {
+		if m, ok := memberOf(e.Key()); ok {
+			out = append(out, m)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: members of %s: %w", g, err)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func memberOf(key string) (string, bool) {
+	i := strings.LastIndexByte(key, '.')
+	return decodeToken(key[i+1:])
+}
+
+// Close implements [io.Closer]: every session ends (its leases lost) and
+// Close waits for their goroutines. Idempotent.
+func (c *Coordinator) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	ss := make([]*session, 0, len(c.sessions))
+	for s := range c.sessions {
+		ss = append(ss, s)
+	}
+	c.mu.Unlock()
+	// Stop every session before any key is freed, so that no session
+	// takes a lock another one of this coordinator gives up.
+	type stopped struct {
+		s      *session
+		leases []*lease
+		rev    uint64
+	}
+	var st []stopped
+	for _, s := range ss {
+		if leases, rev, ok := s.stopping(); ok {
+			st = append(st, stopped{s, leases, rev})
+		}
+	}
+	for _, x := range st {
+		x.s.finish(x.leases, x.rev, true)
+	}
+	for _, s := range ss {
+		s.wg.Wait()
+	}
+	return nil
+}
+
+// session is one member's membership of a group.
+type session struct {
+	c       *Coordinator
+	g       ferry.GroupKey
+	member  string
+	prefix  string // the group's keys: prefix + "." + member
+	key     string
+	changed chan struct{}
+	done    chan struct{} // closed when the session ended
+	stop    chan struct{} // closed first: stops its goroutines and waiting Locks
+	members atomic.Pointer[[]string]
+	wg      sync.WaitGroup // heartbeat, watch and every lease's renewal
+
+	mu     sync.Mutex // guards rev, ended and leases
+	rev    uint64     // of the member key
+	ended  bool
+	leases map[int]*lease
+}
+
+func (s *session) Changed() <-chan struct{} { return s.changed }
+func (s *session) Done() <-chan struct{}    { return s.done }
+
+func (s *session) Members() []string {
+	if p := s.members.Load(); p != nil {
+		return slices.Clone(*p)
+	}
+	return nil
+}
+
+func (s *session) apply(set map[string]bool, e jetstream.KeyValueEntry) {
+	m, ok := memberOf(e.Key())
+	if !ok {
+		return
+	}
+	if e.Operation() == jetstream.KeyValuePut {
+		set[m] = true
+	} else {
+		delete(set, m)
+	}
+}
+
+func (s *session) publish(set map[string]bool) {
+	ms := make([]string, 0, len(set))
+	for m := range set {
+		ms = append(ms, m)
+	}
+	slices.Sort(ms)
+	s.members.Store(&ms)
+	signal(s.changed)
+}
+
+// watch follows the group's member keys until the session ends; the
+// deletion or expiry of its own key ends it.
+func (s *session) watch(set map[string]bool, w jetstream.KeyWatcher, cancel context.CancelFunc) {
+	defer cancel()
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue
+			}
+			s.apply(set, e)
+			if e.Key() == s.key && e.Operation() != jetstream.KeyValuePut {
+				s.publish(set)
+				s.wg.Go(func() { s.end(true) }) // end waits for leases, not for this goroutine
+				return
+			}
+			s.publish(set)
+		}
+	}
+}
+
+// heartbeat renews the member key every TTL/3; the session is lost at
+// the start of the last successful renewal + safety × TTL.
+func (s *session) heartbeat(start time.Time) {
+	cfg := s.c.cfg
+	life := time.Duration(float64(cfg.ttl) * cfg.safety)
+	last := start
+	deadline := time.NewTimer(time.Until(start.Add(life)))
+	defer deadline.Stop()
+	tick := time.NewTicker(cfg.ttl / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-deadline.C:
+			s.wg.Go(func() { s.end(true) })
+			return
+		case <-tick.C:
+		}
+		s.mu.Lock()
+		rev := s.rev
+		s.mu.Unlock()
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ttl/3, time.Until(last.Add(life))))
+		nrev, err := s.c.members.Update(ctx, s.key, []byte(s.member), rev)
+		cancel()
+		switch {
+		case err == nil:
+			s.mu.Lock()
+			s.rev = nrev
+			s.mu.Unlock()
+			last = start
+			deadline.Reset(time.Until(start.Add(life)))
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
+			s.wg.Go(func() { s.end(true) }) // the key expired or was deleted: others saw us leave
+			return
+		}
+	}
+}
+
+// end ends the session: its leases are lost (Lost closed first, when
+// lost) and their keys deleted, its member key deleted, Done closed. It
+// does not wait for the session's goroutines (a caller may be one).
+func (s *session) end(lost bool) {
+	if leases, rev, ok := s.stopping(); ok {
+		s.finish(leases, rev, lost)
+	}
+}
+
+// stopping marks the session ended and stops its goroutines and waiting
+// Locks; ok is false if it had ended already.
+func (s *session) stopping() (leases []*lease, rev uint64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return nil, 0, false
+	}
+	s.ended = true
+	close(s.stop)
+	for _, l := range s.leases {
+		leases = append(leases, l)
+	}
+	return leases, s.rev, true
+}
+
+// finish gives up the leases of a stopped session and deletes its keys.
+func (s *session) finish(leases []*lease, rev uint64, lost bool) {
+	for _, l := range leases {
+		l.give(lost)
+	}
+	s.c.deleteKey(s.c.members, s.key, rev)
+	s.c.mu.Lock()
+	delete(s.c.sessions, s)
+	s.c.mu.Unlock()
+	close(s.done)
+}
+
+// Leave implements [ferry.Session].
+func (s *session) Leave(ctx context.Context) error {
+	s.end(false)
+	s.wg.Wait()
+	return nil
+}
+
+func (s *session) lockKey(q int) string { return s.prefix + "." + strconv.Itoa(q) }
+
+// Lock implements [ferry.Session]: a KV create of the lock key; while it
+// exists, a watch of the key wakes the waiter on its deletion or expiry.
+func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
+	if q < 0 || q >= ferry.MaxQueues {
+		return nil, fmt.Errorf("ferry: natsstore: lock %s queue %d: %w: out of range", s.g, q, ferry.ErrInvalidOption)
+	}
+	expired := func() error {
+		return fmt.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
+	}
+	select {
+	case <-s.stop:
+		return nil, expired()
+	default:
+	}
+	key := s.lockKey(q)
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	var w jetstream.KeyWatcher
+	defer func() {
+		if w != nil {
+			_ = w.Stop()
+		}
+	}()
+	for {
+		start := time.Now()
+		octx, ocancel := s.c.cfg.bound(ctx)
+		rev, err := s.c.locks.Create(octx, key, []byte(s.member))
+		ocancel()
+		if err == nil {
+			return s.granted(q, key, rev, start)
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			select { // a passing failure: try again shortly
+			case <-time.After(retryBackoff):
+			case <-s.stop:
+				return nil, expired()
+			case <-ctx.Done():
+				return nil, fmt.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ctx.Err())
+			}
+			continue
+		}
+		if w == nil {
+			if w, err = s.c.locks.Watch(wctx, key); err != nil {
+				w = nil
+				continue
+			}
+		}
+		if err := s.awaitFree(ctx, w); err != nil {
+			if errors.Is(err, ferry.ErrSessionExpired) {
+				return nil, expired()
+			}
+			return nil, fmt.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, err)
+		}
+	}
+}
+
+// awaitFree waits until the watched lock key is deleted, expires or is
+// seen absent; and at most a TTL, as a safety net.
+func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher) error {
+	safety := time.NewTimer(s.c.cfg.ttl)
+	defer safety.Stop()
+	live := false
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return nil
+			case e == nil:
+				if !live {
+					return nil
+				}
+			case e.Operation() == jetstream.KeyValuePut:
+				live = true
+			default:
+				return nil
+			}
+		case <-safety.C:
+			return nil
+		case <-s.stop:
+			return ferry.ErrSessionExpired
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// granted registers a lease of a created lock key and starts its renewal.
+func (s *session) granted(q int, key string, rev uint64, start time.Time) (ferry.Lease, error) {
+	l := &lease{s: s, q: q, key: key, token: rev, rev: rev, lost: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
+	s.mu.Lock()
+	if s.ended {
+		s.mu.Unlock()
+		s.c.deleteKey(s.c.locks, key, rev)
+		return nil, fmt.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
+	}
+	s.leases[q] = l
+	s.wg.Go(func() { l.renew(start) })
+	s.mu.Unlock()
+	return l, nil
+}
+
+// lease is the holding of one lock key.
+type lease struct {
+	s      *session
+	q      int
+	key    string
+	token  uint64
+	lost   chan struct{}
+	stop   chan struct{} // closed when given up: stops renew
+	exited chan struct{} // closed when renew returned
+
+	rev  uint64 // guarded by s.mu
+	gone bool   // guarded by s.mu
+}
+
+func (l *lease) Token() uint64         { return l.token }
+func (l *lease) Lost() <-chan struct{} { return l.lost }
+
+// Release implements [ferry.Lease]: a delete checked against the lease's
+// revision, so it never frees a lock someone else holds now.
+func (l *lease) Release(ctx context.Context) error {
+	l.give(false)
+	return nil
+}
+
+// give gives the lease up: it stops renewal, closes Lost when lost, and
+// deletes the key if it is still the lease's. Called once per lease with
+// effect; not from renew.
+func (l *lease) give(lost bool) {
+	s := l.s
+	s.mu.Lock()
+	if l.gone {
+		s.mu.Unlock()
+		return
+	}
+	l.gone = true
+	if s.leases[l.q] == l {
+		delete(s.leases, l.q)
+	}
+	close(l.stop)
+	if lost {
+		close(l.lost)
+	}
+	s.mu.Unlock()
+	<-l.exited
+	s.mu.Lock()
+	rev := l.rev
+	s.mu.Unlock()
+	s.c.deleteKey(s.c.locks, l.key, rev)
+}
+
+// renew renews the lock key every TTL/3. The lease is lost by a timer of
+// its own, at the start of its last successful renewal + safety × TTL,
+// whatever a renewal in flight is doing (a check in this loop would come
+// up to a renewal's timeout late, after the server freed the key), or
+// when the key is no longer its own. A lost key is left to expire.
+func (l *lease) renew(start time.Time) {
+	s := l.s
+	cfg := s.c.cfg
+	life := time.Duration(float64(cfg.ttl) * cfg.safety)
+	lostTimer := time.AfterFunc(time.Until(start.Add(life)), l.lose)
+	tick := time.NewTicker(cfg.ttl / 3)
+	defer func() {
+		lostTimer.Stop()
+		tick.Stop()
+		close(l.exited)
+	}()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-tick.C:
+		}
+		s.mu.Lock()
+		rev := l.rev
+		s.mu.Unlock()
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ttl/3, time.Until(start.Add(life))))
+		nrev, err := s.c.locks.Update(ctx, l.key, []byte(s.member), rev)
+		cancel()
+		switch {
+		case err == nil:
+			if !lostTimer.Stop() {
+				return // lost meanwhile
+			}
+			s.mu.Lock()
+			l.rev = nrev
+			s.mu.Unlock()
+			lostTimer.Reset(time.Until(start.Add(life)))
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
+			l.lose()
+			return
+		}
+	}
+}
+
+// lose marks the lease lost: Lost closed, renewal stopped. It only
+// closes channels, so a timer may call it.
+func (l *lease) lose() {
+	s := l.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l.gone {
+		return
+	}
+	l.gone = true
+	if s.leases[l.q] == l {
+		delete(s.leases, l.q)
+	}
+	close(l.stop)
+	close(l.lost)
+}

@@ -1,0 +1,67 @@
+// Package natsstore keeps Ferry's queues, topics, cursors and consumer
+// group coordination in NATS JetStream, so that brokers in several
+// processes (and machines) form one consumer group with Ferry's own
+// allocator, and no acknowledged message is lost when a NATS node dies
+// (with three replicas).
+//
+// # Mapping
+//
+//   - A queue is a stream, "<prefix>_<topic>_<queue>" (the topic name
+//     escaped, hashed when too long); offset = stream sequence − 1. One
+//     message is written with a publish, several with an atomic batch
+//     publish (at most [MaxBatch]), every message carrying its
+//     [ferry.MessageID] as Nats-Msg-Id so that a retried write is not
+//     stored twice (see the Write doc of the queues [Store.OpenQueue]
+//     returns). Reads are direct batch gets; a reader at the end waits for
+//     an ordered consumer of the stream's headers to see the next message.
+//   - Retention maps to MaxMsgs, MaxBytes and MaxAge with discard-old;
+//     [ferry.Block] to discard-new, plus a purge below the offset a
+//     [ferry.Releaser] releases. JetStream counts bytes its own way
+//     (subject, headers, encoded message), so a stream's byte bound is
+//     MaxBytes + [WithRecordOverhead] × MaxMessages: a queue keeps at
+//     least what its [ferry.Retention] allows, not exactly that. Age runs
+//     on the server's clock; StoreTime is stamped by the writer.
+//   - Topics live in the KV bucket "<prefix>_topics" ([ferry.SharedStorage]:
+//     create-if-absent), cursors in "<prefix>_cursors" with the fencing
+//     token of their last fenced commit, each commit a compare-and-set.
+//   - [Coordinator]: member keys with a TTL, heartbeats and a watch per
+//     session; lock keys made by create, renewed by compare-and-set,
+//     released by a revision-checked delete; a lease's token is its key's
+//     creation revision.
+//
+// # Moving from memory or filestore
+//
+// The API does not change: give a broker the [Store] as its storage and
+// cursor store and the [Coordinator] as its coordinator:
+//
+//	js, _ := jetstream.New(nc)
+//	st, _ := natsstore.Open(ctx, js, natsstore.WithReplicas(3))
+//	co, _ := natsstore.NewCoordinator(ctx, js, natsstore.WithReplicas(3))
+//	b, _ := ferry.NewBroker(ferry.WithStorage(st), ferry.WithCursorStore(st), ferry.WithCoordinator(co))
+//
+// What changes:
+//
+//   - Latency: every write is a round trip to the stream's leader and,
+//     on R3, a replication (measured in the research notes this package
+//     follows: an acknowledged publish p50 32 µs on one server, 131 µs on
+//     three; a KV compare-and-set 26 / 88 µs). Offsets asks the server.
+//     Each open queue runs an ordered consumer of its stream's headers.
+//   - A write whose stream leader goes away is tried again (each try
+//     bounded by [WithOpTimeout]) with the same message IDs, so it is
+//     stored once; a crashed leader stalls writes for the Raft election
+//     (4–9 s measured).
+//   - Failover is by TTL: a member that dies keeps its queues until its
+//     keys expire, [WithTTL] (15 s by default, to outlast a Raft leader
+//     election on R3), after which another member takes them. A member
+//     that cannot renew gives its leases up at safety × TTL, before the
+//     server frees them.
+//   - Blocked writers of a [ferry.Block] queue are woken by a release
+//     in any process (a message on "<prefix>.rel.<stream>"), and try again
+//     every second in case they missed one.
+//   - A member ID stays taken until its key expires: a member restarted
+//     within the TTL under the same ID cannot join until then.
+//   - Close a broker's Store and Coordinator yourself, after the broker;
+//     the NATS connection stays yours too.
+//   - Topics and the retained messages live in the NATS account, shared
+//     by every deployment with the same [WithPrefix].
+package natsstore

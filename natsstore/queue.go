@@ -1,0 +1,651 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferrymq/ferry"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+)
+
+// MaxBatch is the most messages one Write stores: JetStream's limit on an
+// atomic batch. A larger batch is [ferry.ErrMessageTooLarge].
+const MaxBatch = 1000
+
+// readBatch bounds the messages one Read asks the server for.
+const readBatch = 256
+
+// retryBackoff is the pause between two tries of a write whose outcome
+// was unknown (a timeout, no responders during an election).
+const retryBackoff = 50 * time.Millisecond
+
+// queue is a [ferry.Queue] over one stream; offset = sequence − 1.
+type queue struct {
+	s       *Store
+	id      ferry.QueueID
+	meta    ferry.TopicMeta
+	stream  string
+	subject string
+	relSubj string
+	handle  jetstream.Stream
+
+	done chan struct{} // closed by Close
+	once sync.Once
+	wg   sync.WaitGroup // the purger
+
+	cons     jetstream.ConsumeContext // wakes readers
+	relSub   *nats.Subscription       // Block: wakes writers when released
+	relWake  chan struct{}            // Block: a release happened (1-buffered)
+	purgeReq chan struct{}            // Block: purge up to released (1-buffered)
+
+	mu       sync.Mutex // guards the fields below
+	oldest   int64
+	next     int64
+	wake     chan struct{} // closed and replaced when next grows
+	released int64
+}
+
+var (
+	_ ferry.Queue     = (*queue)(nil)
+	_ ferry.TryWriter = (*queue)(nil)
+	_ ferry.Releaser  = (*queue)(nil)
+)
+
+// streamConfig maps meta's retention onto a stream.
+func (s *Store) streamConfig(meta ferry.TopicMeta, name, subject string) jetstream.StreamConfig {
+	r := meta.Normalized().Retention
+	sc := jetstream.StreamConfig{
+		Name:               name,
+		Subjects:           []string{subject},
+		Storage:            s.cfg.storage,
+		Replicas:           s.cfg.replicas,
+		MaxMsgs:            -1,
+		MaxBytes:           -1,
+		MaxAge:             r.MaxAge,
+		Discard:            jetstream.DiscardOld,
+		Duplicates:         s.cfg.dupWindow,
+		AllowDirect:        true,
+		AllowAtomicPublish: true,
+	}
+	if r.MaxMessages > 0 {
+		sc.MaxMsgs = r.MaxMessages
+	}
+	if r.MaxBytes > 0 {
+		msgs := r.MaxMessages
+		if msgs <= 0 {
+			msgs = ferry.DefaultRetentionMessages
+		}
+		sc.MaxBytes = r.MaxBytes + s.cfg.recordOverhead*msgs
+	}
+	if r.Overflow == ferry.Block {
+		sc.Discard = jetstream.DiscardNew
+	}
+	if r.MaxAge > 0 && sc.Duplicates > r.MaxAge {
+		sc.Duplicates = r.MaxAge
+	}
+	return sc
+}
+
+// OpenQueue implements [ferry.Storage]: it creates the queue's stream if
+// absent (updating its limits to meta's otherwise) and starts an ordered
+// consumer of the stream's headers that wakes blocked readers.
+func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (ferry.Queue, error) {
+	if err := meta.Validate(); err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: open queue: %w", err)
+	}
+	if i < 0 || i >= meta.Queues {
+		return nil, fmt.Errorf("ferry: natsstore: open queue: %w: queue %d of %d", ferry.ErrInvalidTopic, i, meta.Queues)
+	}
+	if s.isClosed() {
+		return nil, fmt.Errorf("ferry: natsstore: open queue: %w", ferry.ErrClosed)
+	}
+	ctx, cancel := s.cfg.bound(ctx)
+	defer cancel()
+	name := streamName(s.cfg.prefix, meta.Name, i)
+	q := &queue{
+		s: s, id: ferry.QueueID{Topic: meta.Name, Queue: i}, meta: meta.Normalized(),
+		stream: name, subject: s.cfg.prefix + ".q." + name, relSubj: s.cfg.prefix + ".rel." + name,
+		done: make(chan struct{}), wake: make(chan struct{}), released: -1,
+	}
+	h, err := s.js.CreateOrUpdateStream(ctx, s.streamConfig(meta, name, q.subject))
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: open queue %s: stream %s: %w", q.id, name, err)
+	}
+	q.handle = h
+	info, err := h.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: open queue %s: %w", q.id, err)
+	}
+	q.oldest, q.next = offsetsOf(info.State)
+	cons, err := s.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   uint64(q.next) + 1,
+		HeadersOnly:   true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: open queue %s: consumer: %w", q.id, err)
+	}
+	if q.cons, err = cons.Consume(func(m jetstream.Msg) {
+		if md, err := m.Metadata(); err == nil {
+			q.advance(int64(md.Sequence.Stream))
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: open queue %s: consume: %w", q.id, err)
+	}
+	if q.meta.Retention.Overflow == ferry.Block {
+		q.relWake = make(chan struct{}, 1)
+		q.purgeReq = make(chan struct{}, 1)
+		q.relSub, err = s.js.Conn().Subscribe(q.relSubj, func(*nats.Msg) { signal(q.relWake) })
+		if err != nil {
+			q.stopConsumer()
+			return nil, fmt.Errorf("ferry: natsstore: open queue %s: subscribe: %w", q.id, err)
+		}
+		q.wg.Go(q.purger)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = q.Close()
+		return nil, fmt.Errorf("ferry: natsstore: open queue: %w", ferry.ErrClosed)
+	}
+	s.queues[q] = struct{}{}
+	s.mu.Unlock()
+	return q, nil
+}
+
+func offsetsOf(st jetstream.StreamState) (oldest, next int64) {
+	next = int64(st.LastSeq)
+	if st.Msgs == 0 || st.FirstSeq == 0 {
+		return next, next
+	}
+	return int64(st.FirstSeq) - 1, next
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// advance records that offsets below next exist and wakes readers.
+func (q *queue) advance(next int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if next > q.next {
+		q.next = next
+		close(q.wake)
+		q.wake = make(chan struct{})
+	}
+}
+
+// learn merges fresh offsets, never moving either back.
+func (q *queue) learn(oldest, next int64) {
+	q.advance(next)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.oldest = max(q.oldest, min(oldest, q.next))
+}
+
+func (q *queue) isClosed() bool {
+	select {
+	case <-q.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// ID implements [ferry.Queue].
+func (q *queue) ID() ferry.QueueID { return q.id }
+
+// Offsets implements [ferry.Queue]: it asks the server (bounded by the op
+// timeout), since other processes write and retention drops; on an error
+// or after Close it returns what it last knew.
+func (q *queue) Offsets() (oldest, next int64) {
+	if !q.isClosed() {
+		ctx, cancel := context.WithTimeout(context.Background(), q.s.cfg.opTimeout)
+		info, err := q.handle.Info(ctx)
+		cancel()
+		if err == nil {
+			q.learn(offsetsOf(info.State))
+		}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.oldest, q.next
+}
+
+func (q *queue) refresh(ctx context.Context) error {
+	info, err := q.handle.Info(ctx)
+	if err != nil {
+		return err
+	}
+	q.learn(offsetsOf(info.State))
+	return nil
+}
+
+// Read implements [ferry.Queue]: a direct batch get from offset on; at
+// the end it waits for the ordered consumer to see a new message.
+func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if q.isClosed() {
+		return 0, fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+	}
+	if len(dst) == 0 {
+		return 0, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("ferry: natsstore: read %s: %w", q.id, err)
+	}
+	if offset < 0 {
+		return 0, fmt.Errorf("ferry: natsstore: read %s at %d: %w", q.id, offset, ferry.ErrOffsetOutOfRange)
+	}
+	refreshed := false
+	for {
+		q.mu.Lock()
+		next, wake := q.next, q.wake
+		q.mu.Unlock()
+		switch {
+		case offset < next:
+			n, err := q.get(ctx, offset, dst)
+			if err != nil || n > 0 {
+				return n, err
+			}
+			// Nothing at or after offset though it was written: purged.
+			_ = q.refresh(ctx)
+			return 0, fmt.Errorf("ferry: natsstore: read %s at %d: %w", q.id, offset, ferry.ErrOffsetOutOfRange)
+		case offset > next && !refreshed:
+			refreshed = true
+			if err := q.refresh(ctx); err != nil {
+				return 0, q.readErr(ctx, err)
+			}
+			continue
+		case offset > next:
+			return 0, fmt.Errorf("ferry: natsstore: read %s at %d beyond %d: %w", q.id, offset, next, ferry.ErrOffsetOutOfRange)
+		}
+		select {
+		case <-wake:
+		case <-q.done:
+			return 0, fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+		case <-ctx.Done():
+			return 0, fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
+		}
+	}
+}
+
+func (q *queue) readErr(ctx context.Context, err error) error {
+	switch {
+	case q.isClosed():
+		return fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+	case ctx.Err() != nil:
+		return fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
+	}
+	return fmt.Errorf("ferry: natsstore: read %s: %w", q.id, err)
+}
+
+// get reads up to len(dst) messages from offset on; 0 with no error when
+// the stream holds nothing from there on.
+func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	want := min(len(dst), readBatch)
+	it, err := jetstreamext.GetBatch(ctx, q.s.js, q.stream, want, jetstreamext.GetBatchSeq(uint64(offset)+1))
+	if err != nil {
+		return 0, q.readErr(ctx, err)
+	}
+	n := 0
+	for raw, err := range it {
+		if errors.Is(err, jetstreamext.ErrNoMessages) {
+			break
+		}
+		if err != nil {
+			if n > 0 {
+				break // return what came; the next Read asks again
+			}
+			return 0, q.readErr(ctx, err)
+		}
+		off := int64(raw.Sequence) - 1
+		if off != offset+int64(n) {
+			if n == 0 {
+				q.learn(off, off)
+				return 0, fmt.Errorf("ferry: natsstore: read %s at %d (oldest %d): %w", q.id, offset, off, ferry.ErrOffsetOutOfRange)
+			}
+			break
+		}
+		m, _, err := ferry.Decode(raw.Data)
+		if err != nil {
+			return n, fmt.Errorf("ferry: natsstore: read %s at %d: %w", q.id, off, err)
+		}
+		m.Queue, m.Offset = q.id.Queue, off
+		dst[n] = m
+		n++
+		if n == want {
+			break
+		}
+	}
+	if n == 0 {
+		// A direct get may be served by a follower that lags: ask the
+		// leader before calling the offset gone.
+		m, ok, err := q.leaderGet(ctx, uint64(offset)+1)
+		if err != nil {
+			return 0, q.readErr(ctx, err)
+		}
+		if ok {
+			dst[0] = m
+			return 1, nil
+		}
+	}
+	return n, nil
+}
+
+// Write implements [ferry.Queue]. One message is a publish with
+// Nats-Msg-Id set to its [ferry.MessageID]; several are one atomic batch
+// (at most [MaxBatch]), each message with its ID too. A try whose outcome
+// is unknown (a timeout after sending, no responders while a leader is
+// elected) is repeated with the same IDs until ctx ends: a single message
+// the stream stored already is dropped as a duplicate and its offset
+// returned; a batch it stored already is refused (duplicate message ID),
+// and Write finds its first message from the stream's end known before the
+// first try. So a retried Write neither duplicates nor loses within the
+// stream's duplicate window. If ctx ends while the outcome is unknown,
+// Write returns ctx's error and the batch may have been stored: write the
+// same messages again to learn their offset.
+func (q *queue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	return q.write(ctx, msgs, true)
+}
+
+// TryWrite implements [ferry.TryWriter]: Write without waiting for room,
+// bounded by the op timeout.
+func (q *queue) TryWrite(msgs []*ferry.EnhancedMessage) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), q.s.cfg.opTimeout)
+	defer cancel()
+	return q.write(ctx, msgs, false)
+}
+
+func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait bool) (int64, error) {
+	if q.isClosed() {
+		return 0, fmt.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrClosed)
+	}
+	size := int64(0)
+	for i, m := range msgs {
+		if m == nil {
+			return 0, fmt.Errorf("ferry: natsstore: write %s: %w: message %d is nil", q.id, ferry.ErrInvalidMessage, i)
+		}
+		size += int64(m.Size())
+	}
+	r := q.meta.Retention
+	switch {
+	case len(msgs) > MaxBatch:
+		return 0, fmt.Errorf("ferry: natsstore: write %s: %w: batch of %d messages, at most %d", q.id, ferry.ErrMessageTooLarge, len(msgs), MaxBatch)
+	case r.MaxMessages > 0 && int64(len(msgs)) > r.MaxMessages:
+		return 0, fmt.Errorf("ferry: natsstore: write %s: %w: batch of %d messages, retention %d", q.id, ferry.ErrMessageTooLarge, len(msgs), r.MaxMessages)
+	case r.MaxBytes > 0 && size > r.MaxBytes:
+		return 0, fmt.Errorf("ferry: natsstore: write %s: %w: batch of %d bytes, retention %d", q.id, ferry.ErrMessageTooLarge, size, r.MaxBytes)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+	}
+	if len(msgs) == 0 {
+		if err := q.refresh(ctx); err != nil {
+			return 0, fmt.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+		}
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.next, nil
+	}
+	q.mu.Lock()
+	hint := q.next // the batch lands after this
+	q.mu.Unlock()
+	now := time.Now()
+	out := make([]*nats.Msg, len(msgs))
+	for i, m := range msgs {
+		m.Queue, m.Offset, m.StoreTime = q.id.Queue, 0, now
+		out[i] = &nats.Msg{Subject: q.subject, Header: nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}, Data: ferry.AppendEncode(nil, m)}
+	}
+	for {
+		tctx, tcancel := context.WithTimeout(ctx, q.s.cfg.opTimeout) // one try
+		last, dup, err := q.publish(tctx, out)
+		tcancel()
+		if err == nil && dup {
+			// Stored by an earlier Write: give back its StoreTime too.
+			gctx, gcancel := q.s.cfg.bound(ctx)
+			m, ok, gerr := q.leaderGet(gctx, uint64(last)+1)
+			gcancel()
+			if gerr == nil && ok {
+				msgs[0].StoreTime = m.StoreTime
+			}
+		}
+		if err == nil {
+			first := last - int64(len(msgs)) + 1
+			for i, m := range msgs {
+				m.Offset = first + int64(i)
+			}
+			q.advance(last + 1)
+			return first, nil
+		}
+		switch {
+		case isDuplicateBatch(err):
+			first, at, ferr := q.locate(ctx, hint, msgs[0].ID)
+			if ferr != nil {
+				return 0, fmt.Errorf("ferry: natsstore: write %s: a retried batch was stored before, finding it: %w", q.id, ferr)
+			}
+			for i, m := range msgs {
+				m.Offset, m.StoreTime = first+int64(i), at
+			}
+			q.advance(first + int64(len(msgs)))
+			return first, nil
+		case isFull(err) && !wait:
+			return 0, fmt.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrQueueFull)
+		case isFull(err):
+			if werr := q.waitRoom(ctx); werr != nil {
+				return 0, werr
+			}
+		case isTooLarge(err):
+			return 0, fmt.Errorf("ferry: natsstore: write %s: %w: %v", q.id, ferry.ErrMessageTooLarge, err)
+		case q.isClosed():
+			return 0, fmt.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrClosed)
+		case ctx.Err() != nil:
+			return 0, fmt.Errorf("ferry: natsstore: write %s: outcome unknown (%v): %w", q.id, err, ctx.Err())
+		case isAmbiguous(err):
+			select {
+			case <-time.After(retryBackoff):
+			case <-ctx.Done():
+			case <-q.done:
+			}
+		default:
+			return 0, fmt.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+		}
+	}
+}
+
+// publish stores out and returns the offset of its last message; dup
+// says a single message was stored before (and dropped now).
+func (q *queue) publish(ctx context.Context, out []*nats.Msg) (last int64, dup bool, err error) {
+	if len(out) == 1 {
+		ack, err := q.s.js.PublishMsg(ctx, out[0])
+		if err != nil {
+			return 0, false, err
+		}
+		return int64(ack.Sequence) - 1, ack.Duplicate, nil
+	}
+	// PublishMsgBatch rewrites the batch headers: give it copies.
+	cp := make([]*nats.Msg, len(out))
+	for i, m := range out {
+		h := make(nats.Header, 4)
+		h[jetstream.MsgIDHeader] = m.Header[jetstream.MsgIDHeader]
+		cp[i] = &nats.Msg{Subject: m.Subject, Header: h, Data: m.Data}
+	}
+	ack, err := jetstreamext.PublishMsgBatch(ctx, q.s.js, cp)
+	if err != nil {
+		return 0, false, err
+	}
+	return int64(ack.Sequence) - 1, false, nil
+}
+
+// locate finds the offset and StoreTime of the message with ID id: first
+// after offset hint (the stream's end before a Write's first try), then,
+// for a batch written again by a later Write, over the duplicate window
+// (the stream dropped it as a duplicate, so it is stored within it).
+func (q *queue) locate(ctx context.Context, hint int64, id ferry.MessageID) (int64, time.Time, error) {
+	off, at, err := q.find(ctx, id, jetstreamext.GetBatchSeq(uint64(hint)+1))
+	if err == nil || !errors.Is(err, errNotFound) {
+		return off, at, err
+	}
+	return q.find(ctx, id, jetstreamext.GetBatchStartTime(time.Now().Add(-q.s.cfg.dupWindow-time.Minute)))
+}
+
+var errNotFound = errors.New("not found")
+
+func (q *queue) find(ctx context.Context, id ferry.MessageID, from jetstreamext.GetBatchOpt) (int64, time.Time, error) {
+	want := id.String()
+	for {
+		it, err := jetstreamext.GetBatch(ctx, q.s.js, q.stream, readBatch, from)
+		if err != nil {
+			return 0, time.Time{}, err
+		}
+		got := 0
+		for raw, err := range it {
+			if err != nil {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break
+				}
+				return 0, time.Time{}, err
+			}
+			got++
+			if raw.Header.Get(jetstream.MsgIDHeader) == want {
+				m, _, err := ferry.Decode(raw.Data)
+				if err != nil {
+					return 0, time.Time{}, err
+				}
+				return int64(raw.Sequence) - 1, m.StoreTime, nil
+			}
+			from = jetstreamext.GetBatchSeq(raw.Sequence + 1)
+		}
+		if got == 0 {
+			return 0, time.Time{}, fmt.Errorf("message %s: %w", want, errNotFound)
+		}
+	}
+}
+
+// waitRoom waits for a Release (here or in another process), ctx or
+// Close. A release by age or by a process that died before telling is
+// caught by a retry every second.
+func (q *queue) waitRoom(ctx context.Context) error {
+	select {
+	case <-q.relWake:
+		return nil
+	case <-time.After(time.Second):
+		return nil
+	case <-q.done:
+		return fmt.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrClosed)
+	case <-ctx.Done():
+		return fmt.Errorf("ferry: natsstore: write %s: %w", q.id, ctx.Err())
+	}
+}
+
+func apiCode(err error) (jetstream.ErrorCode, string) {
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		return api.ErrorCode, api.Description
+	}
+	var jserr jetstream.JetStreamError
+	if errors.As(err, &jserr) && jserr.APIError() != nil {
+		return jserr.APIError().ErrorCode, jserr.APIError().Description
+	}
+	return 0, ""
+}
+
+func isDuplicateBatch(err error) bool {
+	code, _ := apiCode(err)
+	return code == jetstreamext.JSErrCodeBatchPublishDuplicateMsgID
+}
+
+func isFull(err error) bool {
+	_, desc := apiCode(err)
+	s := desc + " " + err.Error()
+	return strings.Contains(s, "maximum messages exceeded") || strings.Contains(s, "maximum bytes exceeded")
+}
+
+func isTooLarge(err error) bool {
+	code, _ := apiCode(err)
+	return errors.Is(err, nats.ErrMaxPayload) || code == 10054 ||
+		code == jetstreamext.JSErrCodeBatchPublishExceedsLimit
+}
+
+// isAmbiguous: the write may or may not have been stored, or was not
+// stored for a passing reason; trying again is safe.
+func isAmbiguous(err error) bool {
+	code, _ := apiCode(err)
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		code == jetstreamext.JSErrCodeAtomicPublishTooManyInflight || code == jetstreamext.JSErrCodeBatchPublishTooManyInflight ||
+		code == 10008 /* cluster not available */
+}
+
+// Release implements [ferry.Releaser]: a goroutine of the queue purges the
+// stream below offset and tells blocked writers (in every process, on
+// "<prefix>.rel.<stream>"). A queue without [ferry.Block] ignores it.
+func (q *queue) Release(offset int64) {
+	if q.purgeReq == nil {
+		return
+	}
+	q.mu.Lock()
+	if offset <= q.released {
+		q.mu.Unlock()
+		return
+	}
+	q.released = offset
+	q.mu.Unlock()
+	signal(q.purgeReq)
+}
+
+func (q *queue) purger() {
+	for {
+		select {
+		case <-q.done:
+			return
+		case <-q.purgeReq:
+		}
+		q.mu.Lock()
+		upTo := q.released
+		q.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), q.s.cfg.opTimeout)
+		err := q.handle.Purge(ctx, jetstream.WithPurgeSequence(uint64(upTo)+1))
+		cancel()
+		if err == nil {
+			q.learn(upTo, upTo)
+			_ = q.s.js.Conn().Publish(q.relSubj, nil)
+		}
+	}
+}
+
+func (q *queue) stopConsumer() {
+	if q.cons != nil {
+		q.cons.Stop()
+		<-q.cons.Closed()
+	}
+}
+
+// Close implements [ferry.Queue]: blocked reads and writes return
+// [ferry.ErrClosed]; it waits for the queue's goroutines. Idempotent.
+func (q *queue) Close() error {
+	q.once.Do(func() {
+		close(q.done)
+		q.stopConsumer()
+		if q.relSub != nil {
+			_ = q.relSub.Unsubscribe()
+		}
+		q.wg.Wait()
+		q.s.mu.Lock()
+		delete(q.s.queues, q)
+		q.s.mu.Unlock()
+	})
+	return nil
+}
+
+func timeDuration(ns int64) time.Duration { return time.Duration(ns) }

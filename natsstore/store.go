@@ -1,0 +1,274 @@
+package natsstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/ferrymq/ferry"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Store keeps Ferry's queues, topics and cursors in NATS JetStream: a
+// stream per queue, a KV bucket of topics and one of cursors. It is a
+// [ferry.Storage] (with [ferry.SharedStorage]) and a [ferry.CursorStore]
+// (with [ferry.CursorGroups] and [ferry.FencedCursorStore]); brokers in
+// many processes may share one, each over its own Store.
+//
+// A Store is safe for concurrent use. It starts goroutines only for the
+// queues it opens (see [Store.OpenQueue]); Close closes those queues and
+// waits for them. The connection stays the caller's.
+type Store struct {
+	cfg     config
+	js      jetstream.JetStream
+	topics  jetstream.KeyValue
+	cursors jetstream.KeyValue
+
+	mu     sync.Mutex // guards queues and closed
+	queues map[*queue]struct{}
+	closed bool
+}
+
+var (
+	_ ferry.Storage           = (*Store)(nil)
+	_ ferry.SharedStorage     = (*Store)(nil)
+	_ ferry.CursorStore       = (*Store)(nil)
+	_ ferry.CursorGroups      = (*Store)(nil)
+	_ ferry.FencedCursorStore = (*Store)(nil)
+)
+
+// Open returns a Store over js, creating its buckets if they are absent
+// ("<prefix>_topics", "<prefix>_cursors"). ctx bounds the set-up.
+func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: open: %w", err)
+	}
+	if js == nil {
+		return nil, fmt.Errorf("ferry: natsstore: open: %w: nil JetStream", ferry.ErrInvalidOption)
+	}
+	s := &Store{cfg: cfg, js: js, queues: map[*queue]struct{}{}}
+	ctx, cancel := cfg.bound(ctx)
+	defer cancel()
+	if s.topics, err = bucket(ctx, js, cfg, "topics", false); err != nil {
+		return nil, err
+	}
+	if s.cursors, err = bucket(ctx, js, cfg, "cursors", false); err != nil {
+		return nil, err
+	}
+	for _, kv := range []*jetstream.KeyValue{&s.topics, &s.cursors} {
+		if *kv, err = leaderReads(ctx, js, *kv); err != nil {
+			return nil, fmt.Errorf("ferry: natsstore: open: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// bound gives ctx the op timeout unless it has a deadline.
+func (c config) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.opTimeout)
+}
+
+// bucket opens (creating if absent) the bucket "<prefix>_<name>".
+func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string, ttl bool) (jetstream.KeyValue, error) {
+	full := cfg.prefix + "_" + name
+	kv, err := js.KeyValue(ctx, full)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("ferry: natsstore: bucket %s: %w", full, err)
+	}
+	kcfg := jetstream.KeyValueConfig{Bucket: full, Replicas: cfg.replicas, Storage: cfg.storage, History: 1}
+	if ttl {
+		kcfg.TTL = cfg.ttl
+		kcfg.LimitMarkerTTL = cfg.ttl
+	}
+	kv, err = js.CreateKeyValue(ctx, kcfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, full) // another process made it first
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: create bucket %s: %w", full, err)
+	}
+	return kv, nil
+}
+
+func (s *Store) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// topicValue is a topic's metadata as stored.
+type topicValue struct {
+	Name        string `json:"name"`
+	Queues      int    `json:"queues"`
+	MaxMessages int64  `json:"max_messages"`
+	MaxBytes    int64  `json:"max_bytes"`
+	MaxAgeNanos int64  `json:"max_age_ns"`
+	Overflow    int    `json:"overflow"`
+}
+
+func encodeMeta(m ferry.TopicMeta) []byte {
+	b, _ := json.Marshal(topicValue{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow)})
+	return b
+}
+
+func decodeMeta(b []byte) (ferry.TopicMeta, error) {
+	var v topicValue
+	if err := json.Unmarshal(b, &v); err != nil {
+		return ferry.TopicMeta{}, fmt.Errorf("%w: topic metadata: %v", ferry.ErrCorrupt, err)
+	}
+	m := ferry.TopicMeta{Name: v.Name, Queues: v.Queues, Retention: ferry.Retention{
+		MaxMessages: v.MaxMessages, MaxBytes: v.MaxBytes, MaxAge: timeDuration(v.MaxAgeNanos), Overflow: ferry.Overflow(v.Overflow)}}
+	return m, nil
+}
+
+// Topics implements [ferry.Storage].
+func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	if s.isClosed() {
+		return nil, fmt.Errorf("ferry: natsstore: topics: %w", ferry.ErrClosed)
+	}
+	ctx, cancel := s.cfg.bound(ctx)
+	defer cancel()
+	var out []ferry.TopicMeta
+	es, err := liveEntries(ctx, s.js, s.topics, ">")
+	for _, e := range es {
+		m, derr := decodeMeta(e.Value())
+		if derr != nil {
+			err = derr
+			break
+		}
+		out = append(out, m)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: topics: %w", err)
+	}
+	slices.SortFunc(out, func(a, b ferry.TopicMeta) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// scan calls f for every live entry whose key matches filter.
+func scan(ctx context.Context, kv jetstream.KeyValue, filter string, f func(jetstream.KeyValueEntry) error) error {
+	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("watch of %s stopped", filter)
+			}
+			if e == nil {
+				return nil
+			}
+			if err := f(e); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// SaveTopic implements [ferry.Storage].
+func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := meta.Validate(); err != nil {
+		return fmt.Errorf("ferry: natsstore: save topic: %w", err)
+	}
+	if s.isClosed() {
+		return fmt.Errorf("ferry: natsstore: save topic: %w", ferry.ErrClosed)
+	}
+	ctx, cancel := s.cfg.bound(ctx)
+	defer cancel()
+	if _, err := s.topics.Put(ctx, encodeToken(meta.Name), encodeMeta(meta)); err != nil {
+		return fmt.Errorf("ferry: natsstore: save topic %s: %w", meta.Name, err)
+	}
+	return nil
+}
+
+// CreateTopic implements [ferry.SharedStorage]: a KV create, so of two
+// brokers creating one topic at once exactly one writes it.
+func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := meta.Validate(); err != nil {
+		return fmt.Errorf("ferry: natsstore: create topic: %w", err)
+	}
+	if s.isClosed() {
+		return fmt.Errorf("ferry: natsstore: create topic: %w", ferry.ErrClosed)
+	}
+	ctx, cancel := s.cfg.bound(ctx)
+	defer cancel()
+	_, err := s.topics.Create(ctx, encodeToken(meta.Name), encodeMeta(meta))
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+	}
+	have, err := s.topic(ctx, meta.Name)
+	if err != nil {
+		return fmt.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+	}
+	if have.Normalized() != meta.Normalized() {
+		return fmt.Errorf("ferry: natsstore: create topic %s: %w: have %+v", meta.Name, ferry.ErrTopicExists, have)
+	}
+	return nil
+}
+
+// Topic implements [ferry.SharedStorage].
+func (s *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
+	if err := ferry.ValidateTopicName(name); err != nil {
+		return ferry.TopicMeta{}, fmt.Errorf("ferry: natsstore: topic: %w", err)
+	}
+	if s.isClosed() {
+		return ferry.TopicMeta{}, fmt.Errorf("ferry: natsstore: topic: %w", ferry.ErrClosed)
+	}
+	ctx, cancel := s.cfg.bound(ctx)
+	defer cancel()
+	m, err := s.topic(ctx, name)
+	if err != nil {
+		return m, fmt.Errorf("ferry: natsstore: topic %s: %w", name, err)
+	}
+	return m, nil
+}
+
+func (s *Store) topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
+	e, err := s.topics.Get(ctx, encodeToken(name))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return ferry.TopicMeta{}, ferry.ErrTopicNotFound
+	}
+	if err != nil {
+		return ferry.TopicMeta{}, err
+	}
+	return decodeMeta(e.Value())
+}
+
+// Close implements [io.Closer]: it closes the queues the store opened and
+// waits for their goroutines. Idempotent.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	qs := make([]*queue, 0, len(s.queues))
+	for q := range s.queues {
+		qs = append(qs, q)
+	}
+	s.mu.Unlock()
+	for _, q := range qs {
+		_ = q.Close()
+	}
+	return nil
+}

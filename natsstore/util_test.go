@@ -1,0 +1,23 @@
+package natsstore_test
+
+import (
+	"errors"
+
+	"github.com/ferrymq/ferry"
+	"net"
+	"os"
+	"testing"
+)
+
+func mkdirTemp() (string, error) { return os.MkdirTemp("", "natsstore-") }
+
+func freePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func errorsIsFenced(err error) bool { return errors.Is(err, ferry.ErrFenced) }

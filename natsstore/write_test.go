@@ -1,0 +1,97 @@
+package natsstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/natsstore"
+)
+
+func newMsgs(topic string, n int) []*ferry.EnhancedMessage {
+	out := make([]*ferry.EnhancedMessage, n)
+	now := time.Now()
+	for i := range out {
+		out[i] = &ferry.EnhancedMessage{Message: ferry.Message{Topic: topic, Body: []byte(fmt.Sprint(i))}, ID: ferry.NewMessageID(now), BornTime: now}
+	}
+	return out
+}
+
+// TestWriteRetried writes messages again, as a writer does when it
+// cannot tell whether its first try was stored (a timeout after
+// sending): the queue stores each once and returns the offset of the
+// first try.
+func TestWriteRetried(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cl   func(testing.TB) *cluster
+	}{{"Single", singleServer}, {"Cluster", tripleServer}} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.name == "Cluster" && testing.Short() {
+				t.Skip("-short: no cluster")
+			}
+			ctx := t.Context()
+			st := openStore(t, c.cl(t), fmt.Sprintf("w%d", fresh.Add(1)))
+			defer st.Close()
+			q, err := st.OpenQueue(ctx, ferry.TopicMeta{Name: "orders.eu", Queues: 1}, 0)
+			require.NoError(t, err)
+			defer q.Close()
+
+			require.NoError(t, errors.Join(func() error { _, err := q.Write(ctx, newMsgs("orders.eu", 2)); return err }()))
+			one := newMsgs("orders.eu", 1)
+			first, err := q.Write(ctx, one)
+			require.NoError(t, err)
+			stored := one[0].StoreTime
+			again, err := q.Write(ctx, one)
+			require.NoError(t, err)
+			require.Equal(t, first, again, "a retried single write")
+			require.True(t, stored.Equal(one[0].StoreTime), "StoreTime of a retried single write")
+
+			batch := newMsgs("orders.eu", 5)
+			first, err = q.Write(ctx, batch)
+			require.NoError(t, err)
+			_, err = q.Write(ctx, newMsgs("orders.eu", 3)) // others write meanwhile
+			require.NoError(t, err)
+			stored = batch[0].StoreTime
+			again, err = q.Write(ctx, batch)
+			require.NoError(t, err)
+			require.Equal(t, first, again, "a retried batch")
+			require.True(t, stored.Equal(batch[4].StoreTime), "StoreTime of a retried batch")
+			oldest, next := q.Offsets()
+			require.Equal(t, int64(0), oldest)
+			require.Equal(t, int64(2+1+5+3), next, "nothing stored twice")
+			for i, m := range batch {
+				require.Equal(t, first+int64(i), m.Offset)
+			}
+
+			_, err = q.Write(ctx, newMsgs("orders.eu", natsstore.MaxBatch+1))
+			require.ErrorIs(t, err, ferry.ErrMessageTooLarge)
+			full, err := q.Write(ctx, newMsgs("orders.eu", natsstore.MaxBatch))
+			require.NoError(t, err)
+			require.Equal(t, next, full)
+		})
+	}
+}
+
+// TestOptions: bad option values are ErrInvalidOption from the
+// constructors.
+func TestOptions(t *testing.T) {
+	js := singleServer(t).connect(t)
+	for _, o := range []natsstore.Option{
+		natsstore.WithPrefix(""), natsstore.WithPrefix("a.b"), natsstore.WithReplicas(2),
+		natsstore.WithTTL(time.Millisecond), natsstore.WithSafety(1), natsstore.WithOpTimeout(0),
+		natsstore.WithRecordOverhead(-1), natsstore.WithDuplicateWindow(0),
+	} {
+		_, err := natsstore.Open(context.Background(), js, o)
+		require.ErrorIs(t, err, ferry.ErrInvalidOption)
+		_, err = natsstore.NewCoordinator(context.Background(), js, o)
+		require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	}
+	_, err := natsstore.Open(context.Background(), nil)
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+}
