@@ -36,7 +36,7 @@ const minReserve = 64 << 10
 func (q *queue) mapActive(s *segment) {
 	s.alloc = s.size
 	n := q.cfg.segmentBytes
-	if !useMmap || q.cfg.sync.mode == syncAlways || q.st.noMmap.Load() || q.st.noReserve.Load() || s.mm != nil || s.size >= n {
+	if !useMmap || q.cfg.sync.mode() == syncAlways || q.st.noMmap.Load() || q.st.noReserve.Load() || s.mm != nil || s.size >= n {
 		return
 	}
 	mm, err := q.st.files.mmap(s.f, int(n))

@@ -216,12 +216,12 @@ func (c *cursorStore) run() {
 		select {
 		case <-c.kick:
 		case <-c.stop:
-			c.flush(policy.mode != syncNever)
+			c.flush(policy.mode() != syncNever)
 			return
 		}
-		c.flush(policy.mode != syncNever)
-		if policy.mode == syncEvery {
-			t := time.NewTimer(policy.interval)
+		c.flush(policy.mode() != syncNever)
+		if policy.mode() == syncEvery {
+			t := time.NewTimer(policy.interval())
 			select {
 			case <-t.C:
 			case <-c.stop:
@@ -310,7 +310,7 @@ func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int
 	mine, flushed := c.gen, c.flushed
 	c.mu.Unlock()
 	c.poke()
-	if c.st.cfg.sync.mode != syncAlways {
+	if c.st.cfg.sync.mode() != syncAlways {
 		return nil
 	}
 	for {

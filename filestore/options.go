@@ -9,51 +9,77 @@ import (
 )
 
 // SyncPolicy says when written bytes are forced to the disk with
-// fdatasync. Build one with [SyncAlways], [SyncEvery] or [SyncNever].
-type SyncPolicy struct {
-	mode     syncMode
-	interval time.Duration
-}
+// fdatasync: [SyncAlways], [SyncNever] (constants) or [SyncEvery]. The
+// zero value is not a policy ([ferry.ErrInvalidOption]).
+type SyncPolicy int64
 
 type syncMode int
 
 const (
-	syncAlways syncMode = iota
+	syncInvalid syncMode = iota
+	syncAlways
 	syncEvery
 	syncNever
 )
 
-var (
+const (
 	// SyncAlways makes a Write return only after its bytes are on disk
 	// (fdatasync). Concurrent writers to a queue share one write and one
 	// fdatasync (group commit). Commits to the cursor store likewise return
 	// once the cursor file is renamed into place and synced.
-	SyncAlways = SyncPolicy{mode: syncAlways}
+	SyncAlways SyncPolicy = -1
 	// SyncNever leaves flushing to the operating system: a Write returns
 	// once its bytes are in the page cache, so a crash of the process loses
 	// no acknowledged write, but a power loss may lose recent writes.
 	// Directories are still synced after create, rename and delete. Cursor
 	// commits return before the cursor file is written (at once, in the
 	// background): a crash may lose the latest.
-	SyncNever = SyncPolicy{mode: syncNever}
+	SyncNever SyncPolicy = -2
 )
 
 // SyncEvery acknowledges writes once they are in the page cache and
 // fdatasyncs each queue that has unsynced bytes every d; a power loss may
 // lose up to d of acknowledged writes. Cursor commits are written at most
 // every d. d must be positive.
-func SyncEvery(d time.Duration) SyncPolicy { return SyncPolicy{mode: syncEvery, interval: d} }
+func SyncEvery(d time.Duration) SyncPolicy {
+	if d <= 0 {
+		return 0 // not a policy: Open refuses it
+	}
+	return SyncPolicy(d)
+}
+
+// mode returns the kind of policy.
+func (p SyncPolicy) mode() syncMode {
+	switch {
+	case p == SyncAlways:
+		return syncAlways
+	case p == SyncNever:
+		return syncNever
+	case p > 0:
+		return syncEvery
+	}
+	return syncInvalid
+}
+
+// interval returns SyncEvery's interval (0 for the others).
+func (p SyncPolicy) interval() time.Duration {
+	if p > 0 {
+		return time.Duration(p)
+	}
+	return 0
+}
 
 // String names the policy.
 func (p SyncPolicy) String() string {
-	switch p.mode {
+	switch p.mode() {
 	case syncAlways:
 		return "SyncAlways"
 	case syncNever:
 		return "SyncNever"
-	default:
-		return "SyncEvery(" + p.interval.String() + ")"
+	case syncEvery:
+		return "SyncEvery(" + p.interval().String() + ")"
 	}
+	return "SyncPolicy(invalid)"
 }
 
 // Option configures [Open].
@@ -160,10 +186,8 @@ func newConfig(opts []Option) (config, error) {
 		c.log = slog.New(slog.DiscardHandler)
 	}
 	switch {
-	case c.sync.mode == syncEvery && c.sync.interval <= 0:
-		return c, fmt.Errorf("%w: sync interval %v", ferry.ErrInvalidOption, c.sync.interval)
-	case c.sync.mode < syncAlways || c.sync.mode > syncNever:
-		return c, fmt.Errorf("%w: sync policy %d", ferry.ErrInvalidOption, c.sync.mode)
+	case c.sync.mode() == syncInvalid:
+		return c, fmt.Errorf("%w: sync policy %d (use SyncAlways, SyncNever or SyncEvery with a positive interval)", ferry.ErrInvalidOption, int64(c.sync))
 	case c.segmentBytes < 4<<10 || c.segmentBytes > maxSegmentBytes:
 		return c, fmt.Errorf("%w: segment bytes %d not in [4 KiB, 1 GiB]", ferry.ErrInvalidOption, c.segmentBytes)
 	case c.maxFrameBytes < minMaxFrameBytes || c.maxFrameBytes > maxMaxFrameBytes:

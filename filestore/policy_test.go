@@ -107,3 +107,17 @@ func TestGroupCommitSharesSyncs(t *testing.T) {
 	assert.Less(t, syncs.Load(), int64(writers), "concurrent writers share fdatasyncs")
 	t.Logf("%d writes, %d fdatasyncs", writers, syncs.Load())
 }
+
+// The policies are constants, so no package can change what they mean;
+// the zero SyncPolicy and SyncEvery of a non-positive interval are
+// refused.
+func TestSyncPoliciesAreConstants(t *testing.T) {
+	const always, never = SyncAlways, SyncNever // compiles only for constants
+	assert.Equal(t, "SyncAlways", always.String())
+	assert.Equal(t, "SyncNever", never.String())
+	assert.Equal(t, "SyncEvery(5ms)", SyncEvery(5*time.Millisecond).String())
+	for _, p := range []SyncPolicy{0, SyncEvery(0), SyncEvery(-time.Second)} {
+		_, err := Open(t.TempDir(), WithSync(p))
+		require.ErrorIs(t, err, ferry.ErrInvalidOption, "%v", p)
+	}
+}

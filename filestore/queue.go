@@ -208,7 +208,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("ferry: write %s: %w", q.id, err)
 	}
-	if q.cfg.sync.mode != syncAlways {
+	if q.cfg.sync.mode() != syncAlways {
 		if first, err, done := q.writeDirect(msgs, size); done {
 			return first, err
 		}

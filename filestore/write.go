@@ -18,8 +18,8 @@ import (
 func (q *queue) run() {
 	defer q.wg.Done()
 	var tick <-chan time.Time
-	if q.cfg.sync.mode == syncEvery {
-		t := time.NewTicker(q.cfg.sync.interval)
+	if q.cfg.sync.mode() == syncEvery {
+		t := time.NewTicker(q.cfg.sync.interval())
 		defer t.Stop()
 		tick = t.C
 	}
@@ -32,7 +32,7 @@ func (q *queue) run() {
 			q.wmu.Lock()
 			q.pending = append(q.pending, r)
 			q.drain()
-			if q.cfg.sync.mode == syncAlways {
+			if q.cfg.sync.mode() == syncAlways {
 				// Writers acknowledged by the last fdatasync are runnable
 				// but may not have queued their next write yet: yield
 				// while they come, and until the group is as large as the
@@ -93,7 +93,7 @@ func (q *queue) run() {
 			if err != nil {
 				q.fail(err)
 			}
-			if (q.dirty || cut) && q.cfg.sync.mode != syncNever {
+			if (q.dirty || cut) && q.cfg.sync.mode() != syncNever {
 				q.syncActive()
 			}
 			q.wmu.Unlock()
@@ -336,7 +336,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 		q.dirty = true
 		// Account for the frames under mu, where readers look for them:
 		// with the publication below unless a roll or a sync comes first.
-		if i < len(msgs) || q.cfg.sync.mode == syncAlways {
+		if i < len(msgs) || q.cfg.sync.mode() == syncAlways {
 			q.mu.Lock()
 			for _, fi := range q.frames {
 				act.add(fi, q.cfg.indexInterval)
@@ -346,7 +346,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 			last = act
 		}
 	}
-	if q.cfg.sync.mode == syncAlways {
+	if q.cfg.sync.mode() == syncAlways {
 		if err := q.syncActive(); err != nil {
 			return fail(err)
 		}
@@ -544,7 +544,7 @@ func (q *queue) roll() error {
 		return err
 	}
 	files := &q.st.files
-	if q.cfg.sync.mode != syncNever {
+	if q.cfg.sync.mode() != syncNever {
 		if err := files.sync(old.f); err != nil {
 			return err
 		}
