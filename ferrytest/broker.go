@@ -3,6 +3,7 @@ package ferrytest
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ferrymq/ferry"
 )
@@ -34,4 +35,28 @@ func NewFakeBroker(t testing.TB, opts ...ferry.BrokerOption) (*ferry.Broker, *Fa
 	t.Cleanup(func() { _ = fs.Close() }) // after the broker's: cleanups run last first
 	b := NewBroker(t, append(slices.Clip(opts), ferry.WithStorage(fs))...)
 	return b, fs
+}
+
+// WaitFor waits until cond holds, checking it every millisecond and
+// whenever wake delivers (nil: no such signal), and fails t with what if
+// it has not held after timeout (0: [DefaultTimeout]). It is for
+// tests that wait for a consumer to get somewhere, instead of a sleep.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool, wake <-chan struct{}) {
+	t.Helper()
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-wake:
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("ferrytest: %s: not after %v", what, timeout)
+			return
+		}
+	}
 }

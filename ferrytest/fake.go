@@ -46,6 +46,22 @@ type faults struct {
 	failAll  error
 	onWrite  WriteHook
 	onRead   ReadHook
+	// Per topic, for a storage's faults: write calls so far and the
+	// failures set by FailNthOf.
+	topicWrites map[string]int
+	topicFail   map[string]map[int]error
+}
+
+func (f *faults) failTopicOn(topic string, n int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.topicFail == nil {
+		f.topicFail = map[string]map[int]error{}
+	}
+	if f.topicFail[topic] == nil {
+		f.topicFail[topic] = map[int]error{}
+	}
+	f.topicFail[topic][n] = err
 }
 
 func (f *faults) failOn(n int, err error) {
@@ -80,6 +96,17 @@ func (f *faults) write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int,
 	fail, delay, all, hook := f.failNth[n], f.delayNth[n], f.failAll, f.onWrite
 	delete(f.failNth, n)
 	delete(f.delayNth, n)
+	if len(msgs) > 0 {
+		topic := msgs[0].Topic
+		if f.topicWrites == nil {
+			f.topicWrites = map[string]int{}
+		}
+		f.topicWrites[topic]++
+		if err, ok := f.topicFail[topic][f.topicWrites[topic]]; ok && fail == nil {
+			fail = err
+			delete(f.topicFail[topic], f.topicWrites[topic])
+		}
+	}
 	f.mu.Unlock()
 	if delay > 0 {
 		timer := time.NewTimer(delay)

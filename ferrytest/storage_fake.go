@@ -42,6 +42,12 @@ func NewFakeStorage() *FakeStorage {
 // (counting from 1, failed ones included) fail with err, storing nothing.
 func (s *FakeStorage) FailNth(n int, err error) { s.faults.failOn(n, err) }
 
+// FailNthOf makes the nth write call to queues of topic (counting from 1,
+// failed ones included) fail with err, storing nothing: unlike
+// [FakeStorage.FailNth], writes to other topics (a dead-letter topic, say)
+// do not count.
+func (s *FakeStorage) FailNthOf(topic string, n int, err error) { s.faults.failTopicOn(topic, n, err) }
+
 // FailWrites makes every later write to any queue of the storage fail with
 // err, storing nothing, until FailWrites(nil).
 func (s *FakeStorage) FailWrites(err error) { s.faults.set(func(f *faults) { f.failAll = err }) }
