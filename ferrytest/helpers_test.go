@@ -58,5 +58,5 @@ type fakeTB struct {
 	failed atomic.Bool
 }
 
-func (f *fakeTB) Helper()                       {}
+func (f *fakeTB) Helper()                        {}
 func (f *fakeTB) Fatalf(format string, a ...any) { f.failed.Store(true) }
