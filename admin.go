@@ -2,6 +2,7 @@ package ferry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -260,4 +261,75 @@ func offsetAtTime(ctx context.Context, q Queue, at time.Time, oldest, next int64
 		}
 	}
 	return lo, nil
+}
+
+// seek moves the member's held queues as to says (see [Consumer.Seek]).
+func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
+	if to.kind == 0 {
+		return fmt.Errorf("%w: a zero ResetTo", ErrInvalidOption)
+	}
+	m.mu.Lock()
+	runs := map[int]*queueRun{}
+	for q, r := range m.runs {
+		if r.owned.Load() && !r.releasing.Load() {
+			runs[q] = r
+		}
+	}
+	m.mu.Unlock()
+	for q := range to.offsets {
+		if runs[q] == nil {
+			return fmt.Errorf("%w: queue %d of %q is not held by this consumer", ErrInvalidOption, q, m.topic)
+		}
+	}
+	targets := map[*queueRun]int64{}
+	for q, r := range runs {
+		oldest, next, err := queueOffsets(ctx, r.queue)
+		if err != nil {
+			return err
+		}
+		switch to.kind {
+		case resetEarliest:
+			targets[r] = oldest
+		case resetLatest:
+			targets[r] = next
+		case resetOffsets:
+			off, ok := to.offsets[q]
+			if !ok {
+				continue
+			}
+			if off < oldest || off > next {
+				return fmt.Errorf("%w: queue %d offset %d outside [%d, %d]", ErrOffsetOutOfRange, q, off, oldest, next)
+			}
+			targets[r] = off
+		case resetTime:
+			off, err := offsetAtTime(ctx, r.queue, to.at, oldest, next)
+			if err != nil {
+				return err
+			}
+			targets[r] = off
+		}
+	}
+	var errs []error
+	waits := map[*queueRun]chan error{}
+	for r, off := range targets {
+		done := make(chan error, 1)
+		if !r.requestSeek(ctx, seekReq{to: off, done: done}) {
+			errs = append(errs, fmt.Errorf("%s: %w", r.id, ErrClosed))
+			continue
+		}
+		waits[r] = done
+	}
+	for r, done := range waits {
+		select {
+		case err := <-done:
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", r.id, err))
+			}
+		case <-r.done:
+			errs = append(errs, fmt.Errorf("%s: released: %w", r.id, ErrClosed))
+		case <-ctx.Done():
+			return ctx.Err() // the seeks go on
+		}
+	}
+	return errors.Join(errs...)
 }

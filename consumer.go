@@ -156,5 +156,23 @@ func (c *Consumer) Resume(queues ...QueueID) error {
 // Paused returns the queues the consumer holds and has paused, sorted.
 func (c *Consumer) Paused() []QueueID { return c.m.pausedQueues() }
 
+// Seek moves the queues the consumer holds as to says (the earliest, the
+// latest, offsets of some queues, or a time), at runtime, in offset
+// order: no message of a queue is handed out from when Seek is called
+// until its move is done, the messages in flight finish first (their
+// commits count), the buffered rest is dropped, and the cursor is
+// committed at the new place, from which handling goes on. A queue named
+// in [ResetToOffsets] that the consumer does not hold is
+// [ErrInvalidOption], an offset outside its queue's retained range
+// [ErrOffsetOutOfRange], and then nothing moves. ctx bounds the wait only.
+// A queue given up meanwhile (a rebalance) reports [ErrClosed]: its next
+// owner starts from the cursor as it was.
+func (c *Consumer) Seek(ctx context.Context, to ResetTo) error {
+	if err := c.m.seek(ctx, to); err != nil {
+		return errorf("ferry: seek: %w", err)
+	}
+	return nil
+}
+
 // MemberID returns the consumer's ID in its group (see [WithMemberID]).
 func (c *Consumer) MemberID() string { return c.m.cfg.memberID }

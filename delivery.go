@@ -255,7 +255,7 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 	}
 	dctx.Context = r.hctx
 	for range 64 {
-		if r.releasing.Load() || r.paused.Load() {
+		if r.releasing.Load() || r.paused.Load() || r.seeking.Load() {
 			break
 		}
 		n, _ := r.buf.Take(one)

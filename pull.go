@@ -224,6 +224,16 @@ func (c *PullConsumer) Resume(queues ...QueueID) error {
 // Paused returns the queues the consumer holds and has paused, sorted.
 func (c *PullConsumer) Paused() []QueueID { return c.m.pausedQueues() }
 
+// Seek moves the queues the consumer holds as to says; see
+// [Consumer.Seek]. Messages polled and not committed are let go: a later
+// Commit of them is ignored.
+func (c *PullConsumer) Seek(ctx context.Context, to ResetTo) error {
+	if err := c.m.seek(ctx, to); err != nil {
+		return errorf("ferry: seek: %w", err)
+	}
+	return nil
+}
+
 // MemberID returns the consumer's ID in its group.
 func (c *PullConsumer) MemberID() string { return c.m.cfg.memberID }
 

@@ -40,7 +40,13 @@ type queueRun struct {
 	finished  atomic.Bool   // drained (or the drain gave up): no handling starts
 	lost      atomic.Bool   // the lease was lost (or fenced): no commit from now on
 	paused    atomic.Bool   // no fetch and no take until resumed (see Consumer.Pause)
+	seeking   atomic.Bool   // a seek waits for the in-flight messages: no take
 	resumed   chan struct{} // a value when paused turns false
+	// seeks carries Consumer.Seek's requests to the fetch loop; fcancel
+	// cancels the fetch loop's current Read or Put so that it takes one.
+	seeks   chan seekReq
+	fetchMu sync.Mutex // guards fcancel
+	fcancel context.CancelFunc
 
 	inReady bool // guarded by m.sched.mu
 
@@ -54,6 +60,7 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 		m: m, q: q, id: m.ids[q], queue: m.t.queues[q], sess: sess,
 		buf:     newBuffer(m.cfg.buffer),
 		resumed: make(chan struct{}, 1),
+		seeks:   make(chan seekReq, 1),
 		ready:   make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -235,16 +242,28 @@ func (r *queueRun) resetTo(from, oldest, next int64) int64 {
 func (r *queueRun) fetch() {
 	m := r.m
 	scratch := make([]*EnhancedMessage, min(maxFetchBatch, max(1, r.buf.highMsgs)))
+	fctx := r.fetchContext()
 	for {
-		for r.paused.Load() {
+		select {
+		case req := <-r.seeks:
+			r.seek(req)
+			fctx = r.fetchContext()
+			continue
+		default:
+		}
+		if r.paused.Load() {
 			select {
 			case <-r.resumed:
+			case req := <-r.seeks:
+				r.seek(req)
+				fctx = r.fetchContext()
 			case <-r.ctx.Done():
 				return
 			}
+			continue
 		}
 		next := r.buf.Next()
-		n, err := r.queue.Read(r.ctx, next, scratch)
+		n, err := r.queue.Read(fctx, next, scratch)
 		if err == nil {
 			err = checkRead(r.queue, next, scratch, n)
 		}
@@ -252,6 +271,8 @@ func (r *queueRun) fetch() {
 			switch {
 			case r.ctx.Err() != nil:
 				return
+			case fctx.Err() != nil:
+				continue // a seek: the loop takes it
 			case errors.Is(err, ErrOffsetOutOfRange):
 				oldest, end, oerr := queueOffsets(r.ctx, r.queue)
 				if oerr == nil {
@@ -290,10 +311,15 @@ func (r *queueRun) fetch() {
 			}
 			batch = kept
 		}
+		seeked := false
 		for len(batch) > 0 {
-			k, err := r.buf.Put(r.ctx, batch)
+			k, err := r.buf.Put(fctx, batch)
 			if k > 0 {
 				m.sched.push(r)
+			}
+			if err != nil && r.ctx.Err() == nil && fctx.Err() != nil {
+				seeked = true // a seek while the buffer was full: the rest goes
+				break
 			}
 			if err != nil {
 				clear(scratch)
@@ -301,11 +327,84 @@ func (r *queueRun) fetch() {
 			}
 			batch = batch[k:]
 		}
+		if seeked {
+			clear(scratch[:n])
+			continue
+		}
 		if r.buf.advance(last + 1) {
 			m.markDirty() // all filtered out: the cursor moves without a handler
 		}
 		clear(scratch[:n])
 	}
+}
+
+// seekReq asks a run's fetch loop to move to offset to.
+type seekReq struct {
+	to   int64
+	done chan error // gets the outcome
+}
+
+// fetchContext returns a new context for the fetch loop's reads and puts,
+// which a seek cancels.
+func (r *queueRun) fetchContext() context.Context {
+	ctx, cancel := context.WithCancel(r.ctx)
+	r.fetchMu.Lock()
+	if r.fcancel != nil {
+		r.fcancel()
+	}
+	r.fcancel = cancel
+	r.fetchMu.Unlock()
+	return ctx
+}
+
+// requestSeek hands req to the fetch loop and wakes it; false if the run
+// ended (or ctx did) first.
+func (r *queueRun) requestSeek(ctx context.Context, req seekReq) bool {
+	select {
+	case r.seeks <- req:
+	case <-r.done:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	r.fetchMu.Lock()
+	if r.fcancel != nil {
+		r.fcancel()
+	}
+	r.fetchMu.Unlock()
+	return true
+}
+
+// seek moves the run to req.to, in the fetch loop: no message is handed
+// out meanwhile, the messages in flight finish first (a pull consumer's
+// polled ones are let go: their later Commit is ignored), the buffered
+// rest is dropped, and the cursor is committed at req.to.
+func (r *queueRun) seek(req seekReq) {
+	r.seeking.Store(true)
+	defer func() {
+		r.seeking.Store(false)
+		if r.buf.Pending() > 0 {
+			r.m.sched.push(r)
+		}
+	}()
+	if !r.m.pull {
+		if err := r.buf.WaitDrained(r.ctx); err != nil {
+			req.done <- ErrClosed
+			return
+		}
+	}
+	r.buf.Reset(req.to)
+	r.commitMu.Lock()
+	err := r.commitCursor(r.ctx, req.to)
+	if err == nil {
+		r.committed = req.to
+	}
+	r.commitMu.Unlock()
+	if err == nil {
+		r.m.b.groups.invalidate(r.m.topic) // a Block release must see the cursor moved back
+		r.m.b.log.Info("ferry: seek", "group", r.m.scope, "queue", r.id.String(), "to", req.to)
+	}
+	req.done <- err
 }
 
 // checkRead checks what q's Read at next returned in dst[:n]: at least

@@ -68,7 +68,7 @@ func (s *scheduler) next(ctx context.Context, halt <-chan struct{}) (*queueRun, 
 			for s.ready.len() > 0 && r == nil {
 				r = s.ready.pop()
 				r.inReady = false
-				if r.releasing.Load() || r.paused.Load() {
+				if r.releasing.Load() || r.paused.Load() || r.seeking.Load() {
 					r = nil // resume lists it again
 				}
 			}
