@@ -66,7 +66,9 @@ func TestConsumerSeek(t *testing.T) {
 	mark := log.len()
 	close(block)
 	require.NoError(t, <-sought)
-	require.Eventually(t, func() bool { return slices.Contains(log.since(mark), 99) && log.since(mark)[len(log.since(mark))-1] == 99 && slices.Contains(log.since(mark), 10) }, watchdog, time.Millisecond)
+	require.Eventually(t, func() bool {
+		return slices.Contains(log.since(mark), 99) && log.since(mark)[len(log.since(mark))-1] == 99 && slices.Contains(log.since(mark), 10)
+	}, watchdog, time.Millisecond)
 	after := log.since(mark)
 	at := slices.Index(after, 10)
 	for _, off := range after[:at] {
