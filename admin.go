@@ -333,3 +333,141 @@ func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
 	}
 	return errors.Join(errs...)
 }
+
+// DeleteTopic deletes a topic: its queues, their messages, the storage's
+// metadata and the groups' cursors on it (over a cursor store with
+// [CursorGroups]). A topic with a live group (a consumer of it open in
+// this broker, or a member live elsewhere by the coordinator) is
+// [ErrGroupActive] unless force is set, and then the consumers of it in
+// this broker are closed first. The storage must implement
+// [TopicDeleter] (the memory and file storages do): otherwise
+// [ErrInvalidOption]. An unknown topic is [ErrTopicNotFound]. A later
+// Send to the topic is [ErrTopicNotFound]. Brokers sharing the storage
+// find the topic gone on their next lookup; the ones holding it open get
+// [ErrClosed] from its queues.
+func (b *Broker) DeleteTopic(ctx context.Context, name string, force bool) error {
+	if err := b.deleteTopic(ctx, name, force); err != nil {
+		return errorf("ferry: delete topic %q: %w", name, err)
+	}
+	return nil
+}
+
+func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error {
+	t, err := b.topic(name)
+	if err != nil {
+		return err
+	}
+	td, ok := b.storage.(TopicDeleter)
+	if !ok {
+		return fmt.Errorf("%w: storage %T cannot delete topics (ferry.TopicDeleter)", ErrInvalidOption, b.storage)
+	}
+	var groups []string
+	if cg, ok := b.cursors.(CursorGroups); ok {
+		cs, err := cg.Cursors(ctx, name, len(t.queues))
+		if err != nil {
+			return err
+		}
+		groups = slices.Sorted(mapKeysOf(cs.Groups))
+	}
+	local := b.groups.membersOf(name)
+	if !force {
+		if len(local) > 0 {
+			return fmt.Errorf("%w: %q has consumers open in this broker", ErrGroupActive, name)
+		}
+		for _, g := range groups {
+			if err := b.groups.checkIdle(ctx, t, g); err != nil {
+				return err
+			}
+		}
+	}
+	var errs []error
+	for _, m := range local {
+		errs = append(errs, m.close())
+	}
+	b.mu.Lock()
+	if cur := (*b.topics.Load())[name]; cur == t {
+		b.unpublish(name)
+	}
+	t.stale.Store(true)
+	b.mu.Unlock()
+	if err := td.DeleteTopic(ctx, name); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	if cg, ok := b.cursors.(CursorGroups); ok {
+		for _, g := range groups {
+			if err := cg.Forget(ctx, name, g); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	b.groups.invalidate(name)
+	b.log.Info("ferry: topic deleted", "topic", name, "groups", groups)
+	return errors.Join(errs...)
+}
+
+// AddQueues grows topic to queues queues: the existing queues and their
+// offsets stay as they are, the new ones start empty, and the consumers
+// of the topic in this broker rebalance over all of them. Keys then hash
+// over the new count ([KeyHashRouter]), so a key's later messages may go
+// to another queue than its earlier ones: per-key order holds within each
+// queue, not across the change. Fewer queues than now is
+// [ErrInvalidTopic] and changes nothing; the same count does nothing. An
+// unknown topic is [ErrTopicNotFound]. Brokers sharing the storage see
+// the new count when they open the topic again.
+func (b *Broker) AddQueues(ctx context.Context, topic string, queues int) error {
+	if err := b.addQueues(ctx, topic, queues); err != nil {
+		return errorf("ferry: add queues to %q: %w", topic, err)
+	}
+	return nil
+}
+
+func (b *Broker) addQueues(ctx context.Context, name string, queues int) error {
+	t, err := b.topic(name)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return ErrClosed
+	}
+	t = (*b.topics.Load())[name]
+	if t == nil {
+		return fmt.Errorf("%w: %q", ErrTopicNotFound, name)
+	}
+	switch {
+	case queues < t.meta.Queues:
+		return fmt.Errorf("%w: %d queues, fewer than the %d it has", ErrInvalidTopic, queues, t.meta.Queues)
+	case queues == t.meta.Queues:
+		return nil
+	}
+	meta := t.meta
+	meta.Queues = queues
+	if err := meta.Validate(); err != nil {
+		return err
+	}
+	grown := &topicState{meta: meta, queues: slices.Clone(t.queues)}
+	for i := t.meta.Queues; i < queues; i++ {
+		q, err := b.storage.OpenQueue(ctx, meta, i)
+		if err != nil {
+			for _, q := range grown.queues[t.meta.Queues:] {
+				_ = q.Close()
+			}
+			return err
+		}
+		grown.queues = append(grown.queues, q)
+	}
+	if err := b.storage.SaveTopic(ctx, meta); err != nil {
+		for _, q := range grown.queues[t.meta.Queues:] {
+			_ = q.Close()
+		}
+		return err
+	}
+	b.publish(grown)
+	t.stale.Store(true)
+	for _, m := range b.groups.membersOf(name) {
+		m.topicGrew()
+	}
+	b.log.Info("ferry: queues added", "topic", name, "from", t.meta.Queues, "to", queues)
+	return nil
+}

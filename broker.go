@@ -41,6 +41,7 @@ type Broker struct {
 type topicState struct {
 	meta   TopicMeta
 	queues []Queue
+	stale  atomic.Bool // deleted, or replaced by AddQueues: producers look the topic up again
 }
 
 // BrokerOption configures a Broker.
@@ -236,6 +237,18 @@ func (b *Broker) publish(t *topicState) {
 		next[k] = v
 	}
 	next[t.meta.Name] = t
+	b.topics.Store(&next)
+}
+
+// unpublish removes the named topic from the topic map. b.mu held.
+func (b *Broker) unpublish(name string) {
+	old := *b.topics.Load()
+	next := make(map[string]*topicState, len(old))
+	for k, v := range old {
+		if k != name {
+			next[k] = v
+		}
+	}
 	b.topics.Store(&next)
 }
 

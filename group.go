@@ -139,6 +139,19 @@ func (r *groupRegistry) releaseTo(ctx context.Context, t *topicState, scope stri
 	return low, nil
 }
 
+// membersOf returns the members open in this broker on topic.
+func (r *groupRegistry) membersOf(topic string) []*groupMember {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*groupMember
+	for m := range r.closers {
+		if m.topic == topic {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // invalidate makes the next release of topic read the store's progress
 // again.
 func (r *groupRegistry) invalidate(topic string) {

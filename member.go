@@ -24,10 +24,12 @@ type groupMember struct {
 	coord Coordinator
 	tags  map[string]struct{}
 
-	t     *topicState
-	ids   []QueueID
-	sched scheduler
-	dirty chan struct{} // something may be committable
+	// view is the topic as the member last saw it (its queues grow with
+	// Broker.AddQueues); retopic has a value when it changed.
+	view    atomic.Pointer[topicView]
+	retopic chan struct{}
+	sched   scheduler
+	dirty   chan struct{} // something may be committable
 	// life ends when close begins (stop is its Done): everything is
 	// released; it bounds the coordinator calls made on the member's
 	// behalf.
@@ -93,6 +95,7 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 		runs:  map[int]*queueRun{},
 
 		assignedFirst: make(chan struct{}),
+		retopic:       make(chan struct{}, 1),
 	}
 	m.commitCost.Store(int64(time.Second)) // unmeasured: slow
 	m.hooks = newHookSet(b.hooks, cfg.hooks)
@@ -142,10 +145,7 @@ func (m *groupMember) join(ctx context.Context, spawn func()) error {
 	if err != nil {
 		return err
 	}
-	ids := make([]QueueID, len(t.queues))
-	for i := range ids {
-		ids[i] = QueueID{Topic: m.topic, Queue: i}
-	}
+	view := newTopicView(t)
 	if err := m.b.groups.add(m); err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func (m *groupMember) join(ctx context.Context, spawn func()) error {
 		m.leave(sess)
 		return ErrClosed
 	}
-	m.t, m.ids = t, ids
+	m.view.Store(view)
 	m.state = memberStarted
 	if spawn != nil {
 		spawn() // before the loop, which may release queues at once
@@ -239,7 +239,7 @@ func (m *groupMember) close() error {
 		if m.cfg.broadcast && m.cfg.generatedID {
 			// Nobody can come back under this member's cursor: it must
 			// not hold back Block queues for good.
-			if err := m.b.groups.forget(context.Background(), m.t, m.scope); err != nil {
+			if err := m.b.groups.forget(context.Background(), m.view.Load().t, m.scope); err != nil {
 				m.report(errorf("ferry: forget broadcast member %s: %w", m.scope, err))
 			}
 		}
@@ -255,7 +255,7 @@ func (m *groupMember) close() error {
 // topic or out of range is ErrInvalidOption, and nothing changes.
 func (m *groupMember) pause(p bool, ids []QueueID) error {
 	for _, id := range ids {
-		if id.Topic != m.topic || id.Queue < 0 || (m.ids != nil && id.Queue >= len(m.ids)) {
+		if v := m.view.Load(); id.Topic != m.topic || id.Queue < 0 || (v != nil && id.Queue >= len(v.ids)) {
 			return fmt.Errorf("%w: queue %s is not one of topic %q", ErrInvalidOption, id, m.topic)
 		}
 	}
@@ -366,6 +366,10 @@ func (m *groupMember) loop(sess Session) {
 			if sess = m.rejoin(); sess == nil {
 				return
 			}
+		case <-m.retopic:
+			m.refreshView()
+			mine, _ := m.allocate(sess.Members())
+			m.rebalance(mine, sess)
 		case <-sess.Changed():
 			mine, ok := m.allocate(sess.Members())
 			runs := m.rebalance(mine, sess)
@@ -374,6 +378,36 @@ func (m *groupMember) loop(sess Session) {
 			}
 			settle(runs)
 		}
+	}
+}
+
+// topicView is a topic's state and its queue IDs, as a member sees it.
+type topicView struct {
+	t   *topicState
+	ids []QueueID
+}
+
+// newTopicView returns the view of t.
+func newTopicView(t *topicState) *topicView {
+	ids := make([]QueueID, len(t.queues))
+	for i := range ids {
+		ids[i] = QueueID{Topic: t.meta.Name, Queue: i}
+	}
+	return &topicView{t: t, ids: ids}
+}
+
+// refreshView takes the topic's state anew (it gained queues).
+func (m *groupMember) refreshView() {
+	if t, err := m.b.topic(m.topic); err == nil {
+		m.view.Store(newTopicView(t))
+	}
+}
+
+// topicGrew tells the member that its topic gained queues.
+func (m *groupMember) topicGrew() {
+	select {
+	case m.retopic <- struct{}{}:
+	default:
 	}
 }
 
@@ -407,24 +441,25 @@ func (m *groupMember) rejoin() Session {
 // allocate returns the queues this member should own now. ok is false when
 // the split is broken (reported).
 func (m *groupMember) allocate(members []string) (mine []QueueID, ok bool) {
+	ids := m.view.Load().ids
 	if m.cfg.broadcast {
-		return m.ids, true
+		return ids, true
 	}
 	if !slices.Contains(members, m.cfg.memberID) {
 		return nil, true // left: own nothing
 	}
 	a := m.cfg.allocator
-	owners := make([]int, len(m.ids))
+	owners := make([]int, len(ids))
 	var bad []string
 	for _, member := range members {
-		got, err := safeAllocate(a, m.group, member, m.ids, members)
+		got, err := safeAllocate(a, m.group, member, ids, members)
 		if err != nil {
 			bad = append(bad, err.Error())
 			continue
 		}
 		seen := map[int]bool{}
 		for _, q := range got {
-			if q.Topic != m.topic || q.Queue < 0 || q.Queue >= len(m.ids) {
+			if q.Topic != m.topic || q.Queue < 0 || q.Queue >= len(ids) {
 				bad = append(bad, fmt.Sprintf("gave member %q unknown queue %s", member, q))
 				continue
 			}
@@ -441,9 +476,9 @@ func (m *groupMember) allocate(members []string) (mine []QueueID, ok bool) {
 	for i, n := range owners {
 		switch {
 		case n == 0:
-			bad = append(bad, fmt.Sprintf("left queue %s unowned", m.ids[i]))
+			bad = append(bad, fmt.Sprintf("left queue %s unowned", ids[i]))
 		case n > 1:
-			bad = append(bad, fmt.Sprintf("gave queue %s to %d members", m.ids[i], n))
+			bad = append(bad, fmt.Sprintf("gave queue %s to %d members", ids[i], n))
 		}
 	}
 	slices.SortFunc(mine, QueueID.Compare)

@@ -405,6 +405,31 @@ func (s *MemoryStorage) CreateTopic(ctx context.Context, meta TopicMeta) error {
 	return nil
 }
 
+// DeleteTopic implements [TopicDeleter].
+func (s *MemoryStorage) DeleteTopic(ctx context.Context, name string) error {
+	if err := ValidateTopicName(name); err != nil {
+		return errorf("ferry: delete topic: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return errorf("ferry: delete topic: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errorf("ferry: delete topic: %w", ErrClosed)
+	}
+	delete(s.topics, name)
+	for id, q := range s.queues {
+		if id.Topic == name {
+			_ = q.Close()
+			delete(s.queues, id)
+		}
+	}
+	return nil
+}
+
+var _ TopicDeleter = (*MemoryStorage)(nil)
+
 // Topic implements [SharedStorage].
 func (s *MemoryStorage) Topic(ctx context.Context, name string) (TopicMeta, error) {
 	if err := ctx.Err(); err != nil {

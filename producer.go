@@ -184,7 +184,7 @@ func (p *Producer) check(m *Message) (*topicState, error) {
 		return nil, fmt.Errorf("%w: nil message", ErrInvalidMessage)
 	}
 	t := p.last.Load()
-	if t == nil || t.meta.Name != m.Topic || p.b.closed.Load() {
+	if t == nil || t.meta.Name != m.Topic || t.stale.Load() || p.b.closed.Load() {
 		var err error
 		if t, err = p.b.topic(m.Topic); err != nil {
 			return nil, err

@@ -98,6 +98,15 @@ type Storage interface {
 	io.Closer
 }
 
+// TopicDeleter is an optional interface of a [Storage] that deletes
+// topics (see [Broker.DeleteTopic]): DeleteTopic closes the topic's open
+// queues, forgets its metadata and frees what its messages took (memory,
+// files). Deleting a topic the storage does not hold does nothing; an
+// invalid name is [ErrInvalidTopic].
+type TopicDeleter interface {
+	DeleteTopic(ctx context.Context, name string) error
+}
+
 // SharedStorage is an optional interface of a [Storage] that several
 // brokers share, in one process or in many: it creates a topic only if it
 // is absent, and looks one up by name, so that a topic one broker creates

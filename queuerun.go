@@ -21,6 +21,7 @@ type queueRun struct {
 	m     *groupMember
 	q     int
 	id    QueueID
+	t     *topicState // the topic as the run was made (the queue's index is in it)
 	queue Queue
 	sess  Session // the session the run locks its queue in
 	lease Lease   // set once locked, before owned
@@ -57,13 +58,14 @@ type queueRun struct {
 
 func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r := &queueRun{
-		m: m, q: q, id: m.ids[q], queue: m.t.queues[q], sess: sess,
+		m: m, q: q, id: QueueID{Topic: m.topic, Queue: q}, t: m.view.Load().t, sess: sess,
 		buf:     newBuffer(m.cfg.buffer),
 		resumed: make(chan struct{}, 1),
 		seeks:   make(chan seekReq, 1),
 		ready:   make(chan struct{}),
 		done:    make(chan struct{}),
 	}
+	r.queue = r.t.queues[q]
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.hctx, r.hcancel = context.WithCancel(context.Background())
 	r.committed = -1
@@ -191,7 +193,7 @@ func (r *queueRun) commitCursor(ctx context.Context, off int64) error {
 // without a cursor, a reset outside the retained range) and commits it.
 func (r *queueRun) load() (int64, error) {
 	m := r.m
-	offs, err := m.b.cursors.Load(r.ctx, m.topic, m.scope, len(m.ids))
+	offs, err := m.b.cursors.Load(r.ctx, m.topic, m.scope, len(r.t.queues))
 	if err != nil {
 		return 0, errorf("ferry: take %s: %w", r.id, err)
 	}
@@ -543,14 +545,14 @@ func (r *queueRun) commitLocked(final bool) error {
 // releaseBlocked lets a Block queue drop what every group is done with.
 func (r *queueRun) releaseBlocked(off int64) {
 	m := r.m
-	if m.t.meta.Retention.Overflow != Block {
+	if r.t.meta.Retention.Overflow != Block {
 		return
 	}
 	rel, ok := r.queue.(Releaser)
 	if !ok {
 		return
 	}
-	low, err := m.b.groups.releaseTo(context.Background(), m.t, m.scope, r.q, off)
+	low, err := m.b.groups.releaseTo(context.Background(), r.t, m.scope, r.q, off)
 	if err != nil {
 		m.report(errorf("ferry: release %s: %w", r.id, err))
 		return

@@ -96,7 +96,7 @@ func (f *faults) write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int,
 	fail, delay, all, hook := f.failNth[n], f.delayNth[n], f.failAll, f.onWrite
 	delete(f.failNth, n)
 	delete(f.delayNth, n)
-	if len(msgs) > 0 {
+	if len(msgs) > 0 && msgs[0] != nil {
 		topic := msgs[0].Topic
 		if f.topicWrites == nil {
 			f.topicWrites = map[string]int{}

@@ -178,6 +178,9 @@ func open(dir string, cfg config) (_ *Store, err error) {
 
 // load reads every topic's metadata and recovers every queue.
 func (st *Store) load() error {
+	if err := st.removeDeleted(); err != nil {
+		return err
+	}
 	entries, err := fs.ReadDir(st.root.FS(), "topics")
 	if err != nil {
 		return err
