@@ -65,9 +65,10 @@ func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
 	return out, nil
 }
 
-// Lag returns the progress of group on topic; a group that never
-// committed there has every retained message to go. Errors as
-// [Broker.Groups].
+// Lag returns the progress of group on topic. A group with neither a
+// committed cursor nor a live member there is [ErrGroupNotFound]; a live
+// group that has committed nothing on a queue has every retained message
+// of it to go. Other errors as [Broker.Groups].
 func (b *Broker) Lag(ctx context.Context, topic, group string) (GroupLag, error) {
 	t, _, err := b.adminTopic(topic)
 	if err != nil {
@@ -80,6 +81,9 @@ func (b *Broker) Lag(ctx context.Context, topic, group string) (GroupLag, error)
 	gl, err := b.groupLag(ctx, t, group, offs)
 	if err != nil {
 		return GroupLag{}, errorf("ferry: lag: %w", err)
+	}
+	if len(gl.Members) == 0 && !slices.ContainsFunc(offs, func(o int64) bool { return o >= 0 }) {
+		return GroupLag{}, errorf("ferry: lag: %w: %q on topic %q", ErrGroupNotFound, group, topic)
 	}
 	return gl, nil
 }

@@ -65,9 +65,8 @@ func TestLagAndGroups(t *testing.T) {
 			assert.Equal(t, int64(300), total)
 			assert.Equal(t, total, half.Lag)
 
-			never, err := b.Lag(ctx, "t", "never")
-			require.NoError(t, err)
-			assert.Equal(t, int64(300), never.Lag, "a group without a cursor has everything to go")
+			_, err = b.Lag(ctx, "t", "never")
+			require.ErrorIs(t, err, ferry.ErrGroupNotFound, "a group without a cursor or a member")
 			_, err = b.Lag(ctx, "nope", "g")
 			require.ErrorIs(t, err, ferry.ErrTopicNotFound)
 			_, err = b.Groups(ctx, "nope")
@@ -205,4 +204,73 @@ func waitPast(t time.Time) {
 	for time.Now().Before(t) {
 		time.Sleep(time.Until(t))
 	}
+}
+
+// Under load, what Lag reports only moves forward: committed and next
+// offsets never go back, lag is never negative and never counts more than
+// the queue holds.
+func TestLagUnderLoadIsConsistent(t *testing.T) {
+	ctx := context.Background()
+	b := newTopic(t, 3)
+	tl := newTally(3000)
+	startConsumer(t, b, "g", tl.handler())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		produce(t, b, "t", "m", 3000, 97)
+	}()
+	prev := make([]ferry.QueueLag, 3)
+	for i := range prev {
+		prev[i].Committed = -1
+	}
+	check := func() {
+		gl, err := b.Lag(ctx, "t", "g")
+		require.NoError(t, err)
+		for i, q := range gl.Queues {
+			assert.GreaterOrEqual(t, q.Committed, prev[i].Committed, "queue %d committed went back", i)
+			assert.GreaterOrEqual(t, q.Next, prev[i].Next, "queue %d next went back", i)
+			assert.GreaterOrEqual(t, q.Lag, int64(0))
+			assert.LessOrEqual(t, q.Lag, q.Next-q.Oldest)
+			prev[i] = q
+		}
+	}
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		default:
+			check()
+		}
+	}
+	tl.waitAll(t)
+	require.Eventually(t, func() bool {
+		gl, err := b.Lag(ctx, "t", "g")
+		return err == nil && gl.Lag == 0
+	}, watchdog, time.Millisecond, "exact at quiescence")
+	check()
+}
+
+// Seeking by time on a file queue whose oldest segments retention deleted
+// lands on the oldest retained message for a time before it.
+func TestResetToTimeAfterRetention(t *testing.T) {
+	ctx := context.Background()
+	st, err := filestore.Open(t.TempDir(), filestore.WithSync(filestore.SyncNever), filestore.WithSegmentBytes(4<<10))
+	require.NoError(t, err)
+	defer st.Close()
+	b, err := ferry.NewBroker(ferry.WithStorage(st), ferry.WithCursorStore(st))
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "t", Queues: 1, Retention: ferry.Retention{MaxMessages: 600}}))
+	start := time.Now()
+	produce(t, b, "t", "m", 2000, 1)
+	q, err := b.Queue("t", 0)
+	require.NoError(t, err)
+	oldest, next := q.Offsets()
+	require.Greater(t, oldest, int64(0), "retention deleted the oldest segments")
+	got, err := b.ResetGroup(ctx, "g", "t", ferry.ResetToTime(start))
+	require.NoError(t, err)
+	assert.Equal(t, []int64{oldest}, got, "a time before the oldest retained: the oldest")
+	got, err = b.ResetGroup(ctx, "g", "t", ferry.ResetToTime(time.Now().Add(time.Minute)))
+	require.NoError(t, err)
+	assert.Equal(t, []int64{next}, got)
 }

@@ -49,6 +49,9 @@ var (
 	// ErrGroupActive is returned by [Broker.ForgetGroup] for a group that
 	// still has live members.
 	ErrGroupActive = errors.New("ferry: group has live members")
+	// ErrGroupNotFound is returned by [Broker.Lag] for a group with
+	// neither a committed cursor nor a live member on the topic.
+	ErrGroupNotFound = errors.New("ferry: group not found")
 	// ErrSessionExpired is returned by a [Session] that ended (left,
 	// expired, or its coordinator closed).
 	ErrSessionExpired = errors.New("ferry: session expired")

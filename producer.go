@@ -26,6 +26,8 @@ type Producer struct {
 	max    int
 	hooks  *hookSet // nil: none
 	closed atomic.Bool
+	// sent and failed count messages, for Stats.
+	sent, failed atomic.Uint64
 	// last is the topic of the latest send: topics are never removed and
 	// a topicState never changes, so a send to the same topic skips the
 	// broker's map lookup.
@@ -98,8 +100,10 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 	r, err := p.send(ctx, m, true)
 	if err != nil {
+		p.failed.Add(1)
 		return SendResult{}, errorf("ferry: send: %w", err)
 	}
+	p.sent.Add(1)
 	return r, nil
 }
 
@@ -109,8 +113,10 @@ func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 func (p *Producer) TrySend(m *Message) (SendResult, error) {
 	r, err := p.send(context.Background(), m, false)
 	if err != nil {
+		p.failed.Add(1)
 		return SendResult{}, errorf("ferry: try send: %w", err)
 	}
+	p.sent.Add(1)
 	return r, nil
 }
 
@@ -218,6 +224,7 @@ func (p *Producer) route(em *EnhancedMessage, meta TopicMeta) (int, error) {
 // failed.
 func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult, error) {
 	results, ems, err := p.sendBatch(ctx, msgs)
+	p.countBatch(results, len(msgs), err)
 	if p.hooks != nil {
 		for i := range ems {
 			var werr error

@@ -89,3 +89,55 @@ func (c *Consumer) Stats() ConsumerStats {
 // Stats returns a snapshot of the consumer: the queues it holds with
 // their buffers, and the messages committed since Start (Handled).
 func (c *PullConsumer) Stats() ConsumerStats { return c.m.stats() }
+
+// ProducerStats counts what a producer sent.
+type ProducerStats struct {
+	// Sent counts the messages written.
+	Sent uint64
+	// Failed counts the messages a Send or SendBatch failed to write
+	// (refused, or their write failed).
+	Failed uint64
+}
+
+// Stats returns the producer's counts since it was made.
+func (p *Producer) Stats() ProducerStats {
+	return ProducerStats{Sent: p.sent.Load(), Failed: p.failed.Load()}
+}
+
+// countBatch counts a SendBatch of n messages.
+func (p *Producer) countBatch(results []SendResult, n int, err error) {
+	if err == nil {
+		p.sent.Add(uint64(n))
+		return
+	}
+	var ok uint64
+	for _, r := range results {
+		if r.Offset >= 0 {
+			ok++
+		}
+	}
+	p.sent.Add(ok)
+	p.failed.Add(uint64(n) - ok)
+}
+
+// BrokerStats is a snapshot of a broker.
+type BrokerStats struct {
+	// Topics and Queues count the topics the broker has open and their
+	// queues.
+	Topics, Queues int
+	// Consumers counts the consumers open (started and not closed).
+	Consumers int
+}
+
+// Stats returns a snapshot of the broker.
+func (b *Broker) Stats() BrokerStats {
+	var st BrokerStats
+	for _, t := range *b.topics.Load() {
+		st.Topics++
+		st.Queues += len(t.queues)
+	}
+	b.groups.mu.Lock()
+	st.Consumers = len(b.groups.closers)
+	b.groups.mu.Unlock()
+	return st
+}

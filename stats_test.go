@@ -83,3 +83,19 @@ func TestDeadLetterTopicExistsAfterStart(t *testing.T) {
 	require.NoError(t, dl.Start(context.Background()))
 	require.NoError(t, dl.Close())
 }
+
+// Producer and broker stats count what was sent and what is open.
+func TestProducerAndBrokerStats(t *testing.T) {
+	ctx := context.Background()
+	b := newTopic(t, 2)
+	p := newProducer(t, b)
+	_, err := p.Send(ctx, &ferry.Message{Topic: "t", Body: []byte("x")})
+	require.NoError(t, err)
+	_, err = p.SendBatch(ctx, []*ferry.Message{{Topic: "t"}, {Topic: "t"}})
+	require.NoError(t, err)
+	_, err = p.Send(ctx, &ferry.Message{Topic: "nope"})
+	require.Error(t, err)
+	assert.Equal(t, ferry.ProducerStats{Sent: 3, Failed: 1}, p.Stats())
+	startConsumer(t, b, "g", ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error { return nil }))
+	assert.Equal(t, ferry.BrokerStats{Topics: 2, Queues: 3, Consumers: 1}, b.Stats(), "t and the dead-letter topic")
+}
