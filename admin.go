@@ -389,7 +389,7 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 		errs = append(errs, m.close())
 	}
 	b.mu.Lock()
-	if cur := (*b.topics.Load())[name]; cur == t {
+	if cur, _ := b.lookup(name); cur == t {
 		b.unpublish(name)
 	}
 	t.stale.Store(true)
@@ -435,7 +435,7 @@ func (b *Broker) addQueues(ctx context.Context, name string, queues int) error {
 	if b.closed.Load() {
 		return ErrClosed
 	}
-	t = (*b.topics.Load())[name]
+	t, _ = b.lookup(name)
 	if t == nil {
 		return fmt.Errorf("%w: %q", ErrTopicNotFound, name)
 	}

@@ -27,8 +27,9 @@ type Broker struct {
 	ownsCoord   bool
 	hooks       *hookSet // nil: none
 
-	// topics is copy-on-write: Send reads it without a lock.
-	topics atomic.Pointer[map[string]*topicState]
+	// topics maps names to *topicState: Send reads it without a lock, and
+	// a create adds one entry (no copy of the whole map).
+	topics sync.Map
 	closed atomic.Bool
 
 	mu sync.Mutex // serializes CreateTopic and Close
@@ -101,7 +102,6 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 	if b.log == nil {
 		b.log = slog.New(slog.DiscardHandler)
 	}
-	b.topics.Store(&map[string]*topicState{})
 	metas, err := b.storage.Topics(context.Background())
 	if err != nil {
 		return nil, errors.Join(errorf("ferry: new broker: load topics: %w", err), b.closeStores())
@@ -130,7 +130,7 @@ func (b *Broker) CreateTopic(ctx context.Context, meta TopicMeta) error {
 	if b.closed.Load() {
 		return errorf("ferry: create topic %q: %w", meta.Name, ErrClosed)
 	}
-	if t, ok := (*b.topics.Load())[meta.Name]; ok {
+	if t, ok := b.lookup(meta.Name); ok {
 		if t.meta == meta {
 			return nil
 		}
@@ -202,7 +202,7 @@ func (b *Broker) discover(name string) (*topicState, error) {
 	if b.closed.Load() {
 		return nil, ErrClosed
 	}
-	if t, ok := (*b.topics.Load())[name]; ok {
+	if t, ok := b.lookup(name); ok {
 		return t, nil
 	}
 	t, err := b.openTopic(ctx, meta.Normalized())
@@ -229,27 +229,28 @@ func (b *Broker) openTopic(ctx context.Context, meta TopicMeta) (*topicState, er
 	return t, nil
 }
 
-// publish adds t to the topic map. b.mu must be held (or b not yet shared).
-func (b *Broker) publish(t *topicState) {
-	old := *b.topics.Load()
-	next := make(map[string]*topicState, len(old)+1)
-	for k, v := range old {
-		next[k] = v
-	}
-	next[t.meta.Name] = t
-	b.topics.Store(&next)
-}
+// publish adds t to the topic map, or replaces the topic of its name. b.mu
+// must be held (or b not yet shared).
+func (b *Broker) publish(t *topicState) { b.topics.Store(t.meta.Name, t) }
 
 // unpublish removes the named topic from the topic map. b.mu held.
-func (b *Broker) unpublish(name string) {
-	old := *b.topics.Load()
-	next := make(map[string]*topicState, len(old))
-	for k, v := range old {
-		if k != name {
-			next[k] = v
-		}
+func (b *Broker) unpublish(name string) { b.topics.Delete(name) }
+
+// lookup returns the named topic if the broker has it open.
+func (b *Broker) lookup(name string) (*topicState, bool) {
+	v, ok := b.topics.Load(name)
+	if !ok {
+		return nil, false
 	}
-	b.topics.Store(&next)
+	return v.(*topicState), true
+}
+
+// each calls f for every topic open.
+func (b *Broker) each(f func(t *topicState)) {
+	b.topics.Range(func(_, v any) bool {
+		f(v.(*topicState))
+		return true
+	})
 }
 
 // Topic returns the metadata of the named topic.
@@ -263,11 +264,8 @@ func (b *Broker) Topic(name string) (TopicMeta, bool) {
 
 // Topics returns the metadata of every topic, sorted by name.
 func (b *Broker) Topics() []TopicMeta {
-	m := *b.topics.Load()
-	out := make([]TopicMeta, 0, len(m))
-	for _, t := range m {
-		out = append(out, t.meta)
-	}
+	var out []TopicMeta
+	b.each(func(t *topicState) { out = append(out, t.meta) })
 	slices.SortFunc(out, func(a, b TopicMeta) int { return cmp.Compare(a.Name, b.Name) })
 	return out
 }
@@ -278,7 +276,7 @@ func (b *Broker) topic(name string) (*topicState, error) {
 	if b.closed.Load() {
 		return nil, ErrClosed
 	}
-	if t, ok := (*b.topics.Load())[name]; ok {
+	if t, ok := b.lookup(name); ok {
 		return t, nil
 	}
 	if err := ValidateTopicName(name); err != nil {
@@ -346,13 +344,13 @@ func (b *Broker) Close() error {
 	b.clock.close()
 	errs := []error{consumersErr}
 	if b.ownsStorage {
-		for _, t := range *b.topics.Load() {
+		b.each(func(t *topicState) {
 			for _, q := range t.queues {
 				if err := q.Close(); err != nil {
 					errs = append(errs, err)
 				}
 			}
-		}
+		})
 	}
 	errs = append(errs, b.closeStores())
 	return errors.Join(errs...)

@@ -132,10 +132,10 @@ type BrokerStats struct {
 // Stats returns a snapshot of the broker.
 func (b *Broker) Stats() BrokerStats {
 	var st BrokerStats
-	for _, t := range *b.topics.Load() {
+	b.each(func(t *topicState) {
 		st.Topics++
 		st.Queues += len(t.queues)
-	}
+	})
 	b.groups.mu.Lock()
 	st.Consumers = len(b.groups.closers)
 	b.groups.mu.Unlock()
