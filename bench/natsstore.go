@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -70,6 +71,7 @@ type NATSSample struct {
 	Msgs     int
 	Elapsed  time.Duration
 	P50, P99 time.Duration // latency only
+	Dups     int           // latency only: messages handled again
 }
 
 // NsPerMsg returns wall nanoseconds per message.
@@ -130,7 +132,7 @@ func RunNATS(ctx context.Context, s NATSSizes, progress io.Writer) (*NATSReport,
 				rep.Samples[c] = append(rep.Samples[c], smp)
 				fmt.Fprintf(progress, "run %d/%d  R%d %-8s %-18s %9.0f msgs/s %9.1f µs/msg", run+1, s.Runs, c.Replicas, c.Workload, c.System, smp.Rate(), smp.NsPerMsg()/1e3)
 				if c.Workload == "latency" {
-					fmt.Fprintf(progress, "  p50 %s p99 %s", micros(smp.P50), micros(smp.P99))
+					fmt.Fprintf(progress, "  p50 %s p99 %s µs, %d handled again", micros(smp.P50), micros(smp.P99), smp.Dups)
 				}
 				fmt.Fprintln(progress)
 			}
@@ -307,9 +309,14 @@ func (r *rig) ferry(ctx context.Context, workload string, s NATSSizes, name stri
 		return NATSSample{Msgs: n, Elapsed: time.Since(start)}, nil
 	}
 	lt := newLatTracker(n)
+	var resets atomic.Int64
 	c, err := b.NewConsumer("g", "bench", ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
 		lt.handled(m.Body)
 		return nil
+	}), ferry.WithOnReset(func(q ferry.QueueID, from, to int64) {
+		if resets.Add(1) == 1 {
+			fmt.Fprintf(os.Stderr, "natsbench: ferry consumer reset %v from %d to %d\n", q, from, to)
+		}
 	}))
 	if err != nil {
 		return smp, err
@@ -414,11 +421,13 @@ func (r *rig) raw(ctx context.Context, workload string, atomicBatch bool, s NATS
 type latTracker struct {
 	sent []time.Time
 	lat  []time.Duration
+	seen []atomic.Bool
+	dups atomic.Int64
 	got  chan int
 }
 
 func newLatTracker(n int) *latTracker {
-	return &latTracker{sent: make([]time.Time, n), lat: make([]time.Duration, n), got: make(chan int, 1)}
+	return &latTracker{sent: make([]time.Time, n), lat: make([]time.Duration, n), seen: make([]atomic.Bool, n), got: make(chan int, n)}
 }
 
 func (l *latTracker) handled(body []byte) {
@@ -426,8 +435,12 @@ func (l *latTracker) handled(body []byte) {
 	if i < 0 || i >= len(l.sent) {
 		return
 	}
+	if !l.seen[i].CompareAndSwap(false, true) {
+		l.dups.Add(1) // delivered again: at least once
+		return
+	}
 	l.lat[i] = time.Since(l.sent[i])
-	l.got <- i
+	l.got <- i // never blocks: each index once, buffered for all
 }
 
 func (l *latTracker) run(ctx context.Context, body []byte, send func([]byte) error) (NATSSample, error) {
@@ -452,7 +465,7 @@ func (l *latTracker) run(ctx context.Context, body []byte, send func([]byte) err
 	elapsed := time.Since(start)
 	lat := slices.Clone(l.lat[min(100, n/10):]) // leave out the warm-up
 	slices.Sort(lat)
-	return NATSSample{Msgs: n, Elapsed: elapsed, P50: percentile(lat, 0.50), P99: percentile(lat, 0.99)}, nil
+	return NATSSample{Msgs: n, Elapsed: elapsed, P50: percentile(lat, 0.50), P99: percentile(lat, 0.99), Dups: int(l.dups.Load())}, nil
 }
 
 // NATSRatio is one ratio of Ferry's figure to raw nats.go's, per run.
@@ -517,14 +530,19 @@ func (rep *NATSReport) WriteTable(w io.Writer) error {
 			return median(xs)
 		}
 		row := []string{fmt.Sprintf("R%d", c.Replicas), c.Workload, c.System,
-			group(med(NATSSample.Rate)), fmt.Sprintf("%.1f", med(NATSSample.NsPerMsg)/1e3), "", ""}
+			group(med(NATSSample.Rate)), fmt.Sprintf("%.1f", med(NATSSample.NsPerMsg)/1e3), "", "", ""}
 		if c.Workload == "latency" {
 			row[5] = micros(time.Duration(med(func(x NATSSample) float64 { return float64(x.P50) })))
 			row[6] = micros(time.Duration(med(func(x NATSSample) float64 { return float64(x.P99) })))
+			dups := 0
+			for _, x := range smps {
+				dups += x.Dups
+			}
+			row[7] = strconv.Itoa(dups)
 		}
 		rows = append(rows, row)
 	}
-	writeMarkdown(&b, []string{"servers", "workload", "system", "msgs/s", "µs/msg", "p50 µs", "p99 µs"}, rows)
+	writeMarkdown(&b, []string{"servers", "workload", "system", "msgs/s", "µs/msg", "p50 µs", "p99 µs", "handled again (all runs)"}, rows)
 	b.WriteString("\nRatios (Ferry ÷ raw nats.go, within each run; median [min–max]); goals are reported, never asserted:\n\n")
 	rows = nil
 	for _, r := range rep.Ratios() {
