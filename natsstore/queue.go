@@ -246,7 +246,7 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 	if offset < 0 {
 		return 0, fmt.Errorf("ferry: natsstore: read %s at %d: %w", q.id, offset, ferry.ErrOffsetOutOfRange)
 	}
-	refreshed := false
+	refreshed, lagged := false, 0
 	for {
 		q.mu.Lock()
 		next, wake := q.next, q.wake
@@ -257,8 +257,26 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			if err != nil || n > 0 {
 				return n, err
 			}
-			// Nothing at or after offset though it was written: purged.
-			_ = q.refresh(ctx)
+			// Nothing at or after offset though it was written: purged,
+			// or (replicated) the direct get was answered by a follower
+			// that has not applied it yet. The leader's first sequence
+			// tells: not purged, ask again shortly.
+			if q.refresh(ctx) == nil && lagged < maxLagRetries {
+				q.mu.Lock()
+				purged := offset < q.oldest
+				q.mu.Unlock()
+				if !purged {
+					lagged++
+					select {
+					case <-time.After(lagRetryWait):
+						continue
+					case <-q.done:
+						return 0, fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+					case <-ctx.Done():
+						return 0, fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
+					}
+				}
+			}
 			return 0, fmt.Errorf("ferry: natsstore: read %s at %d: %w", q.id, offset, ferry.ErrOffsetOutOfRange)
 		case offset > next && !refreshed:
 			refreshed = true
@@ -278,6 +296,14 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 		}
 	}
 }
+
+// A Read that finds nothing where the stream's leader says a message is
+// (a direct get served by a follower behind the leader) asks again every
+// lagRetryWait, up to maxLagRetries times.
+const (
+	lagRetryWait  = 2 * time.Millisecond
+	maxLagRetries = 500
+)
 
 func (q *queue) readErr(ctx context.Context, err error) error {
 	switch {

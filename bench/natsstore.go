@@ -1,0 +1,570 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/natsstore"
+)
+
+// This file is natsbench: Ferry over natsstore beside raw nats.go doing
+// the same work on the same embedded servers (file storage, clients over
+// loopback TCP), on one server (R1) and on a 3-node cluster in the
+// process (R3):
+//
+//   - sync: one message at a time, each acknowledged: Producer.Send vs
+//     jetstream.Publish.
+//   - batch: batches of NATSSizes.Batch: Producer.SendBatch (one atomic
+//     batch publish per call) vs PublishAsync with its default window of
+//     4,000 unacknowledged messages, and vs jetstreamext.PublishMsgBatch
+//     (the atomic batch natsstore uses), one batch at a time.
+//   - latency: publish → handler, one message in flight (the next sent
+//     once the previous was handled): Send to a consumer group member on
+//     natsstore's coordinator and cursor store vs jetstream.Publish to a
+//     durable pull consumer (Consume, an explicit ack per message).
+//
+// Every case uses a stream of its own, deleted afterwards; Ferry's topic
+// has one queue (one stream).
+
+// NATSSizes are the sizes of a natsbench run.
+type NATSSizes struct {
+	SyncN, BatchN, Batch, LatencyN, BodyBytes int
+	Runs                                      int
+	Timeout                                   time.Duration
+}
+
+// DefaultNATSSizes returns the sizes of a full natsbench run.
+func DefaultNATSSizes() NATSSizes {
+	return NATSSizes{SyncN: 3_000, BatchN: 50_000, Batch: 100, LatencyN: 2_000, BodyBytes: 100, Runs: 3, Timeout: 2 * time.Minute}
+}
+
+// QuickNATSSizes returns tiny sizes that run every case in seconds.
+func QuickNATSSizes() NATSSizes {
+	return NATSSizes{SyncN: 200, BatchN: 2_000, Batch: 100, LatencyN: 200, BodyBytes: 100, Runs: 1, Timeout: time.Minute}
+}
+
+// NATSCase names one measurement: replicas, workload, system.
+type NATSCase struct {
+	Replicas int
+	Workload string // "sync", "batch", "latency"
+	System   string // "ferry", "nats", "nats atomic batch"
+}
+
+// NATSSample is one run of one case.
+type NATSSample struct {
+	Msgs     int
+	Elapsed  time.Duration
+	P50, P99 time.Duration // latency only
+	Dups     int           // latency only: messages handled again
+}
+
+// NsPerMsg returns wall nanoseconds per message.
+func (s NATSSample) NsPerMsg() float64 { return float64(s.Elapsed.Nanoseconds()) / float64(s.Msgs) }
+
+// Rate returns messages a second.
+func (s NATSSample) Rate() float64 { return float64(s.Msgs) / s.Elapsed.Seconds() }
+
+// NATSReport is every run of every case.
+type NATSReport struct {
+	Sizes   NATSSizes
+	Cases   []NATSCase
+	Samples map[NATSCase][]NATSSample // one per run
+	Took    time.Duration
+}
+
+var natsCaseList = func() []NATSCase {
+	var out []NATSCase
+	for _, r := range []int{1, 3} {
+		out = append(out,
+			NATSCase{r, "sync", "ferry"}, NATSCase{r, "sync", "nats"},
+			NATSCase{r, "batch", "ferry"}, NATSCase{r, "batch", "nats"}, NATSCase{r, "batch", "nats atomic batch"},
+			NATSCase{r, "latency", "ferry"}, NATSCase{r, "latency", "nats"})
+	}
+	return out
+}()
+
+// RunNATS measures every case s.Runs times: each run starts a server and
+// a 3-node cluster and runs the cases one after the other, Ferry's and
+// raw nats.go's interleaved. A failed case fails the run.
+func RunNATS(ctx context.Context, s NATSSizes, progress io.Writer) (*NATSReport, error) {
+	if s.SyncN < 1 || s.BatchN < 1 || s.Batch < 2 || s.Batch > natsstore.MaxBatch || s.LatencyN < 10 || s.BodyBytes < 8 || s.Runs < 1 || s.Timeout <= 0 {
+		return nil, fmt.Errorf("bench: natsbench sizes out of range: %+v", s)
+	}
+	if progress == nil {
+		progress = io.Discard
+	}
+	rep := &NATSReport{Sizes: s, Cases: natsCaseList, Samples: map[NATSCase][]NATSSample{}}
+	start := time.Now()
+	seq := 0
+	for run := range s.Runs {
+		for _, replicas := range []int{1, 3} {
+			rig, err := startRig(ctx, replicas)
+			if err != nil {
+				return nil, fmt.Errorf("R%d servers: %w", replicas, err)
+			}
+			for _, c := range rep.Cases {
+				if c.Replicas != replicas {
+					continue
+				}
+				seq++
+				cctx, cancel := context.WithTimeout(ctx, s.Timeout)
+				smp, err := rig.measure(cctx, c, s, fmt.Sprintf("b%d", seq))
+				cancel()
+				if err != nil {
+					return nil, errors.Join(fmt.Errorf("R%d %s %s: %w", c.Replicas, c.Workload, c.System, err), rig.close())
+				}
+				rep.Samples[c] = append(rep.Samples[c], smp)
+				fmt.Fprintf(progress, "run %d/%d  R%d %-8s %-18s %9.0f msgs/s %9.1f µs/msg", run+1, s.Runs, c.Replicas, c.Workload, c.System, smp.Rate(), smp.NsPerMsg()/1e3)
+				if c.Workload == "latency" {
+					fmt.Fprintf(progress, "  p50 %s p99 %s µs, %d handled again", micros(smp.P50), micros(smp.P99), smp.Dups)
+				}
+				fmt.Fprintln(progress)
+			}
+			if err := rig.close(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	rep.Took = time.Since(start)
+	return rep, nil
+}
+
+// rig is one server or a 3-node cluster and a client connection.
+type rig struct {
+	servers  []*server.Server
+	dirs     []string
+	replicas int
+	nc       *nats.Conn
+	js       jetstream.JetStream
+}
+
+func startRig(ctx context.Context, replicas int) (_ *rig, err error) {
+	r := &rig{replicas: replicas}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, r.close())
+		}
+	}()
+	var routes []string
+	ports := make([]int, replicas)
+	if replicas > 1 {
+		for i := range ports {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return nil, err
+			}
+			ports[i] = l.Addr().(*net.TCPAddr).Port
+			_ = l.Close()
+			routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[i]))
+		}
+	}
+	for i := range replicas {
+		dir, err := os.MkdirTemp("", "natsbench-*")
+		if err != nil {
+			return nil, err
+		}
+		r.dirs = append(r.dirs, dir)
+		opts := &server.Options{
+			ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: -1,
+			JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, MaxPending: 1 << 30,
+		}
+		if replicas > 1 {
+			opts.Cluster = server.ClusterOpts{Name: "natsbench", Host: "127.0.0.1", Port: ports[i]}
+			opts.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+		}
+		s, err := server.NewServer(opts)
+		if err != nil {
+			return nil, err
+		}
+		s.Start()
+		r.servers = append(r.servers, s)
+	}
+	urls := make([]string, len(r.servers))
+	for i, s := range r.servers {
+		if !s.ReadyForConnections(10 * time.Second) {
+			return nil, errors.New("nats server not ready")
+		}
+		urls[i] = s.ClientURL()
+	}
+	if r.nc, err = nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1)); err != nil {
+		return nil, err
+	}
+	if r.js, err = jetstream.New(r.nc); err != nil {
+		return nil, err
+	}
+	for { // requests before the meta leader is elected get no reply
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := r.js.AccountInfo(actx)
+		cancel()
+		if err == nil {
+			return r, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("JetStream meta leader not elected: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (r *rig) close() error {
+	if r.nc != nil {
+		r.nc.Close()
+	}
+	for _, s := range r.servers {
+		s.Shutdown()
+	}
+	var errs []error
+	for _, s := range r.servers {
+		s.WaitForShutdown()
+	}
+	for _, d := range r.dirs {
+		errs = append(errs, os.RemoveAll(d))
+	}
+	r.servers, r.dirs = nil, nil
+	return errors.Join(errs...)
+}
+
+func (r *rig) measure(ctx context.Context, c NATSCase, s NATSSizes, name string) (NATSSample, error) {
+	body := make([]byte, s.BodyBytes)
+	for i := range body {
+		body[i] = byte('a' + i%26)
+	}
+	if c.System == "ferry" {
+		return r.ferry(ctx, c.Workload, s, name, body)
+	}
+	return r.raw(ctx, c.Workload, c.System == "nats atomic batch", s, name, body)
+}
+
+// natsOpts are the options of the Stores and Coordinators of a case.
+func (r *rig) natsOpts(prefix string) []natsstore.Option {
+	// A new R3 stream waits for a Raft election: give it more than 2 s.
+	return []natsstore.Option{natsstore.WithPrefix(prefix), natsstore.WithReplicas(r.replicas), natsstore.WithOpTimeout(10 * time.Second)}
+}
+
+// ferry runs one Ferry case over natsstore, prefix name.
+func (r *rig) ferry(ctx context.Context, workload string, s NATSSizes, name string, body []byte) (smp NATSSample, err error) {
+	st, err := natsstore.Open(ctx, r.js, r.natsOpts(name)...)
+	if err != nil {
+		return smp, err
+	}
+	defer func() { err = errors.Join(err, st.Close()) }()
+	co, err := natsstore.NewCoordinator(ctx, r.js, r.natsOpts(name)...)
+	if err != nil {
+		return smp, err
+	}
+	defer func() { err = errors.Join(err, co.Close()) }()
+	b, err := ferry.NewBroker(ferry.WithStorage(st), ferry.WithCursorStore(st), ferry.WithCoordinator(co))
+	if err != nil {
+		return smp, err
+	}
+	defer func() { err = errors.Join(err, b.Close()) }()
+	// Deleting the streams and buckets is left to the rig's shutdown.
+	n := map[string]int{"sync": s.SyncN, "batch": s.BatchN, "latency": s.LatencyN}[workload]
+	ret := ferry.Retention{MaxMessages: int64(max(n, ferry.DefaultRetentionMessages)), MaxBytes: ferry.Unlimited}
+	if err := b.CreateTopic(ctx, ferry.TopicMeta{Name: "bench", Queues: 1, Retention: ret}); err != nil {
+		return smp, err
+	}
+	p, err := b.NewProducer()
+	if err != nil {
+		return smp, err
+	}
+	defer func() { err = errors.Join(err, p.Close()) }()
+	switch workload {
+	case "sync":
+		start := time.Now()
+		for range n {
+			if _, err := p.Send(ctx, &ferry.Message{Topic: "bench", Body: body}); err != nil {
+				return smp, err
+			}
+		}
+		return NATSSample{Msgs: n, Elapsed: time.Since(start)}, nil
+	case "batch":
+		batch := make([]*ferry.Message, s.Batch)
+		start := time.Now()
+		for sent := 0; sent < n; sent += len(batch) {
+			batch = batch[:min(s.Batch, n-sent)]
+			for i := range batch {
+				batch[i] = &ferry.Message{Topic: "bench", Body: body}
+			}
+			if _, err := p.SendBatch(ctx, batch); err != nil {
+				return smp, err
+			}
+		}
+		return NATSSample{Msgs: n, Elapsed: time.Since(start)}, nil
+	}
+	lt := newLatTracker(n)
+	var resets atomic.Int64
+	c, err := b.NewConsumer("g", "bench", ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
+		lt.handled(m.Body)
+		return nil
+	}), ferry.WithOnReset(func(q ferry.QueueID, from, to int64) {
+		if resets.Add(1) == 1 {
+			fmt.Fprintf(os.Stderr, "natsbench: ferry consumer reset %v from %d to %d\n", q, from, to)
+		}
+	}))
+	if err != nil {
+		return smp, err
+	}
+	defer func() { err = errors.Join(err, c.Close()) }()
+	if err := c.Start(ctx); err != nil {
+		return smp, err
+	}
+	return lt.run(ctx, body, func(b []byte) error {
+		_, err := p.Send(ctx, &ferry.Message{Topic: "bench", Body: b})
+		return err
+	})
+}
+
+// raw runs one raw nats.go case on a stream of its own.
+func (r *rig) raw(ctx context.Context, workload string, atomicBatch bool, s NATSSizes, name string, body []byte) (smp NATSSample, err error) {
+	subject := name + ".raw"
+	stream, err := r.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: name + "_raw", Subjects: []string{subject}, Storage: jetstream.FileStorage, Replicas: r.replicas,
+		AllowAtomicPublish: atomicBatch,
+	})
+	if err != nil {
+		return smp, err
+	}
+	defer func() {
+		err = errors.Join(err, r.js.DeleteStream(context.WithoutCancel(ctx), stream.CachedInfo().Config.Name))
+	}()
+	switch workload {
+	case "sync":
+		start := time.Now()
+		for range s.SyncN {
+			if _, err := r.js.Publish(ctx, subject, body); err != nil {
+				return smp, err
+			}
+		}
+		return NATSSample{Msgs: s.SyncN, Elapsed: time.Since(start)}, nil
+	case "batch":
+		n := s.BatchN
+		start := time.Now()
+		if atomicBatch {
+			batch := make([]*nats.Msg, s.Batch)
+			for sent := 0; sent < n; sent += len(batch) {
+				batch = batch[:min(s.Batch, n-sent)]
+				for i := range batch {
+					batch[i] = &nats.Msg{Subject: subject, Header: nats.Header{}, Data: body}
+				}
+				if _, err := jetstreamext.PublishMsgBatch(ctx, r.js, batch); err != nil {
+					return smp, err
+				}
+			}
+			return NATSSample{Msgs: n, Elapsed: time.Since(start)}, nil
+		}
+		var failed atomic.Int64
+		futures := make([]jetstream.PubAckFuture, 0, n)
+		for range n {
+			f, err := r.js.PublishAsync(subject, body, jetstream.WithStallWait(s.Timeout))
+			if err != nil {
+				return smp, err
+			}
+			futures = append(futures, f)
+		}
+		select {
+		case <-r.js.PublishAsyncComplete():
+		case <-ctx.Done():
+			return smp, fmt.Errorf("waiting for async publish acks: %w", ctx.Err())
+		}
+		elapsed := time.Since(start)
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case <-f.Err():
+				failed.Add(1)
+			}
+		}
+		if k := failed.Load(); k > 0 {
+			return smp, fmt.Errorf("%d async publishes failed", k)
+		}
+		return NATSSample{Msgs: n, Elapsed: elapsed}, nil
+	}
+	n := s.LatencyN
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "g", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		return smp, err
+	}
+	lt := newLatTracker(n)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		lt.handled(m.Data())
+		_ = m.Ack()
+	})
+	if err != nil {
+		return smp, err
+	}
+	defer func() { cc.Stop(); <-cc.Closed() }()
+	return lt.run(ctx, body, func(b []byte) error {
+		_, err := r.js.Publish(ctx, subject, b)
+		return err
+	})
+}
+
+// latTracker sends one message at a time, stamped with its index, and
+// records how long after its send began each was handled.
+type latTracker struct {
+	sent []time.Time
+	lat  []time.Duration
+	seen []atomic.Bool
+	dups atomic.Int64
+	got  chan int
+}
+
+func newLatTracker(n int) *latTracker {
+	return &latTracker{sent: make([]time.Time, n), lat: make([]time.Duration, n), seen: make([]atomic.Bool, n), got: make(chan int, n)}
+}
+
+func (l *latTracker) handled(body []byte) {
+	i := int(binary.LittleEndian.Uint64(body))
+	if i < 0 || i >= len(l.sent) {
+		return
+	}
+	if !l.seen[i].CompareAndSwap(false, true) {
+		l.dups.Add(1) // delivered again: at least once
+		return
+	}
+	l.lat[i] = time.Since(l.sent[i])
+	l.got <- i // never blocks: each index once, buffered for all
+}
+
+func (l *latTracker) run(ctx context.Context, body []byte, send func([]byte) error) (NATSSample, error) {
+	n := len(l.sent)
+	start := time.Now()
+	for i := range n {
+		b := slices.Clone(body)
+		binary.LittleEndian.PutUint64(b, uint64(i))
+		l.sent[i] = time.Now()
+		if err := send(b); err != nil {
+			return NATSSample{}, err
+		}
+		select {
+		case j := <-l.got:
+			if j != i {
+				return NATSSample{}, fmt.Errorf("handled message %d, waiting for %d", j, i)
+			}
+		case <-ctx.Done():
+			return NATSSample{}, fmt.Errorf("message %d of %d not handled: %w", i, n, ctx.Err())
+		}
+	}
+	elapsed := time.Since(start)
+	lat := slices.Clone(l.lat[min(100, n/10):]) // leave out the warm-up
+	slices.Sort(lat)
+	return NATSSample{Msgs: n, Elapsed: elapsed, P50: percentile(lat, 0.50), P99: percentile(lat, 0.99), Dups: int(l.dups.Load())}, nil
+}
+
+// NATSRatio is one ratio of Ferry's figure to raw nats.go's, per run.
+type NATSRatio struct {
+	Text   string
+	Goal   string // "" when there is none
+	Values []float64
+}
+
+// Median returns the median over runs.
+func (r NATSRatio) Median() float64 { return median(slices.Clone(r.Values)) }
+
+// Ratios returns Ferry's figures over raw nats.go's, each taken within a
+// run: time per message (sync; ≤ 1.5 is the goal), rate (batch; ≥ 0.8 on
+// R3 against PublishAsync is the goal) and latency percentiles.
+func (rep *NATSReport) Ratios() []NATSRatio {
+	per := func(a, b NATSCase, f func(x, y NATSSample) float64) []float64 {
+		var out []float64
+		for i := range rep.Samples[a] {
+			if i < len(rep.Samples[b]) {
+				out = append(out, f(rep.Samples[a][i], rep.Samples[b][i]))
+			}
+		}
+		return out
+	}
+	nsRatio := func(x, y NATSSample) float64 { return x.NsPerMsg() / y.NsPerMsg() }
+	rateRatio := func(x, y NATSSample) float64 { return x.Rate() / y.Rate() }
+	p50 := func(x, y NATSSample) float64 { return float64(x.P50) / float64(y.P50) }
+	p99 := func(x, y NATSSample) float64 { return float64(x.P99) / float64(y.P99) }
+	var out []NATSRatio
+	for _, r := range []int{1, 3} {
+		f := func(w string) NATSCase { return NATSCase{r, w, "ferry"} }
+		n := func(w string) NATSCase { return NATSCase{r, w, "nats"} }
+		out = append(out,
+			NATSRatio{fmt.Sprintf("R%d sync: Ferry Send time/msg ÷ js.Publish", r), "≤ 1.5", per(f("sync"), n("sync"), nsRatio)},
+			NATSRatio{fmt.Sprintf("R%d batch: Ferry SendBatch rate ÷ PublishAsync", r), map[int]string{1: "", 3: "≥ 0.8"}[r], per(f("batch"), n("batch"), rateRatio)},
+			NATSRatio{fmt.Sprintf("R%d batch: Ferry SendBatch rate ÷ atomic PublishMsgBatch", r), "", per(f("batch"), NATSCase{r, "batch", "nats atomic batch"}, rateRatio)},
+			NATSRatio{fmt.Sprintf("R%d latency p50: Ferry ÷ js.Publish → Consume", r), "≤ 1.5", per(f("latency"), n("latency"), p50)},
+			NATSRatio{fmt.Sprintf("R%d latency p99: Ferry ÷ js.Publish → Consume", r), "", per(f("latency"), n("latency"), p99)},
+		)
+	}
+	return out
+}
+
+// WriteTable writes the medians of every case and the ratios as markdown.
+func (rep *NATSReport) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	s := rep.Sizes
+	fmt.Fprintf(&b, "natsbench: Ferry on natsstore beside raw nats.go, %d run(s) in %v; sync %d msgs, batch %d msgs in batches of %d, latency %d msgs one in flight, %d-byte bodies; medians over runs\n\n",
+		s.Runs, rep.Took.Round(time.Millisecond), s.SyncN, s.BatchN, s.Batch, s.LatencyN, s.BodyBytes)
+	var rows [][]string
+	for _, c := range rep.Cases {
+		smps := rep.Samples[c]
+		if len(smps) == 0 {
+			continue
+		}
+		med := func(f func(NATSSample) float64) float64 {
+			xs := make([]float64, len(smps))
+			for i, x := range smps {
+				xs[i] = f(x)
+			}
+			return median(xs)
+		}
+		row := []string{fmt.Sprintf("R%d", c.Replicas), c.Workload, c.System,
+			group(med(NATSSample.Rate)), fmt.Sprintf("%.1f", med(NATSSample.NsPerMsg)/1e3), "", "", ""}
+		if c.Workload == "latency" {
+			row[5] = micros(time.Duration(med(func(x NATSSample) float64 { return float64(x.P50) })))
+			row[6] = micros(time.Duration(med(func(x NATSSample) float64 { return float64(x.P99) })))
+			dups := 0
+			for _, x := range smps {
+				dups += x.Dups
+			}
+			row[7] = strconv.Itoa(dups)
+		}
+		rows = append(rows, row)
+	}
+	writeMarkdown(&b, []string{"servers", "workload", "system", "msgs/s", "µs/msg", "p50 µs", "p99 µs", "handled again (all runs)"}, rows)
+	b.WriteString("\nRatios (Ferry ÷ raw nats.go, within each run; median [min–max]); goals are reported, never asserted:\n\n")
+	rows = nil
+	for _, r := range rep.Ratios() {
+		lo, hi := slices.Min(r.Values), slices.Max(r.Values)
+		rows = append(rows, []string{r.Text, fmt.Sprintf("%.2f× [%.2f–%.2f]", r.Median(), lo, hi), r.Goal, meets(r)})
+	}
+	writeMarkdown(&b, []string{"ratio", "value", "goal", "met"}, rows)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func meets(r NATSRatio) string {
+	m := r.Median()
+	switch {
+	case strings.HasPrefix(r.Goal, "≤ "):
+		var g float64
+		fmt.Sscanf(strings.TrimPrefix(r.Goal, "≤ "), "%g", &g)
+		return map[bool]string{true: "yes", false: "no"}[m <= g]
+	case strings.HasPrefix(r.Goal, "≥ "):
+		var g float64
+		fmt.Sscanf(strings.TrimPrefix(r.Goal, "≥ "), "%g", &g)
+		return map[bool]string{true: "yes", false: "no"}[m >= g]
+	}
+	return ""
+}
