@@ -128,6 +128,16 @@ func (t *Tracing) OnSent(_ context.Context, em *ferry.EnhancedMessage, err error
 	span.End()
 }
 
+// endSpan ends span, with err if not nil.
+func endSpan(span trace.Span, err error) {
+	if err == nil {
+		span.End()
+		return
+	}
+	endError(span, err)
+}
+
+// endError ends span with err.
 func endError(span trace.Span, err error) {
 	span.RecordError(err)
 	span.SetStatus(codes.Error, err.Error())
@@ -145,7 +155,26 @@ type processSpanKey struct{}
 // handler's spans are its children.
 func (t *Tracing) OnHandle(ctx context.Context, m *ferry.EnhancedMessage) context.Context {
 	d, _ := ferry.DeliveryFrom(ctx)
-	attrs := []attribute.KeyValue{
+	ctx, span := t.startProcess(ctx, m, d)
+	if !span.IsRecording() {
+		return ctx
+	}
+	return context.WithValue(ctx, processSpanKey{}, span)
+}
+
+// StartProcess starts the process span of m for code that handles
+// messages outside a push consumer, which has no hook for it: a
+// [ferry.PullConsumer]'s loop, say. group names the consumer group. It
+// returns ctx with the span and the function that ends it, with the
+// handling's error (nil: success); call it once.
+func (t *Tracing) StartProcess(ctx context.Context, group string, m *ferry.EnhancedMessage) (context.Context, func(error)) {
+	ctx, span := t.startProcess(ctx, m, ferry.Delivery{Group: group})
+	return ctx, func(err error) { endSpan(span, err) }
+}
+
+func (t *Tracing) startProcess(ctx context.Context, m *ferry.EnhancedMessage, d ferry.Delivery) (context.Context, trace.Span) {
+	attrs := make([]attribute.KeyValue, 0, 15)
+	attrs = append(attrs,
 		systemAttr,
 		semconv.MessagingOperationTypeProcess,
 		semconv.MessagingOperationNameKey.String(opProcess),
@@ -155,18 +184,14 @@ func (t *Tracing) OnHandle(ctx context.Context, m *ferry.EnhancedMessage) contex
 		semconv.MessagingMessageIDKey.String(m.ID.String()),
 		semconv.MessagingMessageBodySizeKey.Int(len(m.Body)),
 		OffsetKey.Int64(m.Offset),
-		AttemptKey.Int(d.Attempt),
-		MaxAttemptsKey.Int(d.MaxAttempts),
-		MemberKey.String(d.Member),
+	)
+	if d.Attempt > 0 {
+		attrs = append(attrs, AttemptKey.Int(d.Attempt), MaxAttemptsKey.Int(d.MaxAttempts), MemberKey.String(d.Member))
 	}
 	attrs = keyTag(attrs, &m.Message)
 	parent, opts := t.fromHeaders(ctx, m)
 	opts = append(opts, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
-	ctx, span := t.tracer.Start(parent, opProcess+" "+m.Topic, opts...)
-	if !span.IsRecording() {
-		return ctx
-	}
-	return context.WithValue(ctx, processSpanKey{}, span)
+	return t.tracer.Start(parent, opProcess+" "+m.Topic, opts...)
 }
 
 // fromHeaders returns the parent context and start options of a span
@@ -189,15 +214,9 @@ func (t *Tracing) fromHeaders(ctx context.Context, m *ferry.EnhancedMessage) (co
 // OnHandled ends the process span OnHandle started: with err, if the
 // handler failed.
 func (t *Tracing) OnHandled(ctx context.Context, _ *ferry.EnhancedMessage, _ time.Duration, err error) {
-	span, ok := ctx.Value(processSpanKey{}).(trace.Span)
-	if !ok {
-		return
+	if span, ok := ctx.Value(processSpanKey{}).(trace.Span); ok {
+		endSpan(span, err)
 	}
-	if err != nil {
-		endError(span, err)
-		return
-	}
-	span.End()
 }
 
 // OnDeadLettered records the dead letter of m as a span of its own,

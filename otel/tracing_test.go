@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/ferrymq/ferry"
 	ferryotel "github.com/ferrymq/ferry/otel"
@@ -286,4 +287,77 @@ func TestTracingNoopLeavesHeaders(t *testing.T) {
 	_, err = p.Send(ctx, &ferry.Message{Topic: "a"})
 	require.NoError(t, err)
 	assert.Nil(t, wait(t, seen, "headers"))
+}
+
+// A pull consumer's loop makes its process spans with StartProcess.
+func TestTracingStartProcessPull(t *testing.T) {
+	tr, rec, _ := newTracer(t)
+	ctx := context.Background()
+	b, err := ferry.NewBroker(ferry.WithHooks(tr))
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "a", Queues: 1}))
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	_, err = p.Send(ctx, &ferry.Message{Topic: "a", Tag: "t1"})
+	require.NoError(t, err)
+
+	pc, err := b.NewPullConsumer("puller", "a")
+	require.NoError(t, err)
+	defer pc.Close()
+	msgs, err := pc.Poll(ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	_, end := tr.StartProcess(ctx, "puller", msgs[0])
+	end(errors.New("bad"))
+	require.NoError(t, pc.Commit(ctx, msgs...))
+
+	st := newSpanTree(rec.Ended())
+	send, process := st.one(t, "send a"), st.one(t, "process a")
+	assert.Equal(t, send.SpanContext().SpanID(), process.Parent().SpanID())
+	assert.Equal(t, "puller", attrOf(process, "messaging.consumer.group.name").AsString())
+	assert.Equal(t, "t1", attrOf(process, ferryotel.TagKey).AsString())
+	assert.Equal(t, codes.Error, process.Status().Code)
+	assert.Equal(t, attribute.INVALID, attrOf(process, ferryotel.AttemptKey).Type(), "a pull delivery has no attempt count")
+}
+
+// wrapper is a hook after the tracing one that puts a span of its own in
+// the handler's context: the tracing hook still ends its own span.
+type wrapper struct{ tracer trace.Tracer }
+
+func (w wrapper) OnHandle(ctx context.Context, _ *ferry.EnhancedMessage) context.Context {
+	ctx, _ = w.tracer.Start(ctx, "wrapper")
+	return ctx
+}
+
+func (w wrapper) OnHandled(ctx context.Context, _ *ferry.EnhancedMessage, _ time.Duration, _ error) {
+	trace.SpanFromContext(ctx).End()
+}
+
+func TestTracingEndsItsOwnSpan(t *testing.T) {
+	tr, rec, tracer := newTracer(t)
+	ctx := context.Background()
+	b, err := ferry.NewBroker(ferry.WithHooks(tr, wrapper{tracer}))
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "a", Queues: 1}))
+	handled := make(chan struct{}, 1)
+	c, err := b.NewConsumer("g", "a", ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error {
+		handled <- struct{}{}
+		return nil
+	}))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	_, err = p.Send(ctx, &ferry.Message{Topic: "a"})
+	require.NoError(t, err)
+	wait(t, handled, "handler call")
+	require.NoError(t, c.Close())
+
+	st := newSpanTree(rec.Ended())
+	process, w := st.one(t, "process a"), st.one(t, "wrapper")
+	assert.Equal(t, process.SpanContext().SpanID(), w.Parent().SpanID())
+	assert.Len(t, rec.Ended(), 3, "send, process, wrapper: each ended")
+	assert.Len(t, rec.Started(), 3)
 }
