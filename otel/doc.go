@@ -35,6 +35,8 @@
 //     headers, or linked to it ([WithLinkedProcess]). The handler's
 //     context carries it, so the handler's own spans nest in it. A
 //     failed call (an error or a panic) ends it with the error.
+//     A [ferry.PullConsumer] has no handler hook: its loop makes the
+//     span with [Tracing.StartProcess].
 //   - "dead_letter <topic>", kind internal, operation type settle: a
 //     message went to the dead-letter topic; a child of (or linked to)
 //     the send span, with where the dead letter went, after how many
