@@ -174,5 +174,8 @@ func (c *Consumer) Seek(ctx context.Context, to ResetTo) error {
 	return nil
 }
 
+// Group returns the consumer's group.
+func (c *Consumer) Group() string { return c.m.group }
+
 // MemberID returns the consumer's ID in its group (see [WithMemberID]).
 func (c *Consumer) MemberID() string { return c.m.cfg.memberID }

@@ -405,6 +405,11 @@ func (d *deliverer) safeHandle(dctx *deliveryCtx, ctx context.Context, msg *Enha
 	return d.h.Handle(ctx, msg)
 }
 
+// IsPermanent reports whether err was marked with [Permanent] (anywhere
+// in its chain): the consumer sends its message to the dead-letter topic
+// without retrying. For hooks and middleware that report failures.
+func IsPermanent(err error) bool { return isPermanent(err) }
+
 func isPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)

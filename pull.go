@@ -234,6 +234,9 @@ func (c *PullConsumer) Seek(ctx context.Context, to ResetTo) error {
 	return nil
 }
 
+// Group returns the consumer's group.
+func (c *PullConsumer) Group() string { return c.m.group }
+
 // MemberID returns the consumer's ID in its group.
 func (c *PullConsumer) MemberID() string { return c.m.cfg.memberID }
 

@@ -3,6 +3,7 @@ package ferry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -98,4 +99,13 @@ func TestProducerAndBrokerStats(t *testing.T) {
 	assert.Equal(t, ferry.ProducerStats{Sent: 3, Failed: 1}, p.Stats())
 	startConsumer(t, b, "g", ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error { return nil }))
 	assert.Equal(t, ferry.BrokerStats{Topics: 2, Queues: 3, Consumers: 1}, b.Stats(), "t and the dead-letter topic")
+}
+
+// IsPermanent sees Permanent anywhere in a chain.
+func TestIsPermanent(t *testing.T) {
+	base := errors.New("bad input")
+	assert.True(t, ferry.IsPermanent(ferry.Permanent(base)))
+	assert.True(t, ferry.IsPermanent(fmt.Errorf("wrapped: %w", ferry.Permanent(base))))
+	assert.False(t, ferry.IsPermanent(base))
+	assert.False(t, ferry.IsPermanent(nil))
 }

@@ -2,6 +2,7 @@ package ferryotel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/ferrymq/ferry"
@@ -14,7 +15,8 @@ import (
 // With no group named it reports every group with a cursor on the topic
 // ([ferry.Broker.Groups], which needs a cursor store that lists groups);
 // a broadcast member's cursor is a group of its own,
-// "<group>@<member>". A collection that fails (the broker closed, the
+// "<group>@<member>". A group named that has neither a cursor nor a live
+// member yet ([ferry.ErrGroupNotFound]) has no series. A collection that fails (the broker closed, the
 // topic deleted) reports nothing for the registration and returns the
 // error to the meter provider, which hands it to the OpenTelemetry error
 // handler: unregister before closing the broker. The registration holds
@@ -34,6 +36,9 @@ func (m *Metrics) ObserveLag(b *ferry.Broker, topic string, groups ...string) (m
 		}
 		for _, g := range groups {
 			gl, err := b.Lag(ctx, topic, g)
+			if errors.Is(err, ferry.ErrGroupNotFound) {
+				continue // no cursor and no member yet: no lag series
+			}
 			if err != nil {
 				return fmt.Errorf("ferryotel: observe lag of %q on %q: %w", g, topic, err)
 			}
