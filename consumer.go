@@ -33,9 +33,11 @@ func (f HandlerFunc) Handle(ctx context.Context, m *EnhancedMessage) error { ret
 // the queues the group assigns it and calls its [Handler] for each
 // message, at least once. See [Broker.NewConsumer].
 //
-// Start starts goroutines (a fetch loop per owned queue, the handler
-// workers, a committer, a retry timer and the membership loop); Close
-// stops them and returns when they have all returned. A Consumer is safe
+// Start starts goroutines (a fetch loop per owned queue, a committer, a
+// retry timer and the membership loop; handler workers start when there
+// are messages to handle, up to [WithConcurrency], and retire after a
+// second without work, so an idle consumer parks none); Close stops them
+// and returns when they have all returned. A Consumer is safe
 // for concurrent use.
 type Consumer struct {
 	m *groupMember
@@ -91,10 +93,12 @@ func (c *Consumer) Start(ctx context.Context) error {
 		d := newDeliverer(c.m, c.h)
 		c.d.Store(d)
 		c.m.dropRetries = d.dropRetries
-		c.m.wg.Add(c.m.cfg.concurrency + 1)
-		for range c.m.cfg.concurrency {
-			go d.work()
-		}
+		// Workers start on demand, up to the concurrency, and retire
+		// when idle (see scheduler).
+		c.m.sched.spawn = func() { go d.work() }
+		c.m.sched.wg = &c.m.wg
+		c.m.sched.max = c.m.cfg.concurrency
+		c.m.wg.Add(1)
 		go d.retryLoop()
 	})
 	if err != nil {

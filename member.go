@@ -353,6 +353,7 @@ func (m *groupMember) loop(sess Session) {
 			m.leave(sess)
 		}
 		settle(nil)
+		m.sched.halt() // no worker starts from now on
 		close(m.halt)
 		m.markDirty()
 	}()

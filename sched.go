@@ -3,25 +3,70 @@ package ferry
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // scheduler hands queue runs with pending messages, and due retries, to
 // whoever takes messages (workers or Poll). Wakeups go through a channel
 // of capacity 1: a taker that leaves work behind passes the signal on.
+//
+// With a spawn function (a push consumer's), workers start on demand: a
+// wake-up that finds no taker waiting starts one, up to max, and a worker
+// idle for workerIdle retires, so an idle consumer parks no worker.
 type scheduler struct {
-	mu      sync.Mutex // guards ready, retries and every run's inReady
+	mu      sync.Mutex // guards every field below and every run's inReady
 	ready   fifo[queueRun]
 	retries fifo[retryItem]
 	wake    chan struct{}
+
+	spawn   func()          // starts a worker (which calls next until it returns nil); nil: none
+	wg      *sync.WaitGroup // the member's: a worker is counted in it before it starts
+	max     int             // the most workers
+	running int    // workers started and not retired
+	waiting int    // takers blocked in next
+	halted  bool   // no worker starts any more
 }
+
+// workerIdle is how long a worker waits for work before it retires.
+const workerIdle = time.Second
 
 func (s *scheduler) init() { s.wake = make(chan struct{}, 1) }
 
+// signal wakes a taker, starting a worker if none waits.
 func (s *scheduler) signal() {
+	if s.spawn != nil {
+		s.mu.Lock()
+		start := s.startLocked()
+		s.mu.Unlock()
+		if start {
+			s.spawn()
+		}
+	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// startLocked reports whether a worker is to start, and counts it (in
+// running and in the member's WaitGroup): none waits, fewer than max
+// run, and the member has not halted. s.mu held: the member's loop sets
+// halted under it while it still counts in the WaitGroup, so no worker is
+// counted in after the member's Wait can return.
+func (s *scheduler) startLocked() bool {
+	if s.spawn == nil || s.halted || s.waiting > 0 || s.running >= s.max {
+		return false
+	}
+	s.running++
+	s.wg.Add(1)
+	return true
+}
+
+// halt stops workers from starting.
+func (s *scheduler) halt() {
+	s.mu.Lock()
+	s.halted = true
+	s.mu.Unlock()
 }
 
 // push lists r as having pending messages and wakes a taker.
@@ -81,14 +126,70 @@ func (s *scheduler) next(ctx context.Context, halt <-chan struct{}) (*queueRun, 
 		if r != nil || it != nil {
 			return r, it
 		}
-		select {
-		case <-s.wake:
-		case <-halt:
-			return nil, nil
-		case <-ctx.Done():
+		if s.wait(ctx, halt) {
 			return nil, nil
 		}
 	}
+}
+
+// wait blocks until a wake-up (false), or halt, ctx's end or, for a
+// worker with nothing listed, workerIdle (true: it stops; a retiring
+// worker is counted out).
+func (s *scheduler) wait(ctx context.Context, halt <-chan struct{}) (stop bool) {
+	s.mu.Lock()
+	s.waiting++
+	s.mu.Unlock()
+	retired := false
+	defer func() {
+		if !retired {
+			s.mu.Lock()
+			s.waiting--
+			s.mu.Unlock()
+		}
+	}()
+	if s.spawn == nil {
+		select {
+		case <-s.wake:
+			return false
+		case <-halt:
+			return true
+		case <-ctx.Done():
+			return true
+		}
+	}
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case <-s.wake:
+			return false
+		case <-halt:
+			s.retire()
+			return true
+		case <-ctx.Done():
+			s.retire()
+			return true
+		case <-idle.C:
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.ready.len() == 0 && s.retries.len() == 0 {
+				// Counted out of both at once: a wake-up from now on
+				// that finds no one waiting starts another worker.
+				s.running--
+				s.waiting--
+				retired = true
+				return true
+			}
+			return false
+		}
+	}
+}
+
+// retire counts out a worker that stops.
+func (s *scheduler) retire() {
+	s.mu.Lock()
+	s.running--
+	s.mu.Unlock()
 }
 
 // fifo is a queue over a slice that starts over once emptied and reuses
