@@ -172,9 +172,11 @@ func (d *deliverer) work() {
 	guard := time.AfterFunc(time.Hour, m.sched.signal)
 	guard.Stop()
 	defer guard.Stop()
+	idle := time.NewTimer(workerIdle) // reused by every wait for work
+	idle.Stop()
 	var seq uint
 	for {
-		r, it := m.sched.next(context.Background(), m.halt)
+		r, it := m.sched.next(context.Background(), m.halt, idle)
 		switch {
 		case it != nil:
 			if it.r.releasing.Load() {

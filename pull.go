@@ -91,7 +91,7 @@ func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, e
 func (c *PullConsumer) poll(ctx context.Context, dst []*EnhancedMessage) (int, error) {
 	m := c.m
 	for {
-		r, _ := m.sched.next(ctx, m.halt)
+		r, _ := m.sched.next(ctx, m.halt, nil)
 		if r == nil {
 			if err := ctx.Err(); err != nil {
 				return 0, err

@@ -22,9 +22,9 @@ type scheduler struct {
 	spawn   func()          // starts a worker (which calls next until it returns nil); nil: none
 	wg      *sync.WaitGroup // the member's: a worker is counted in it before it starts
 	max     int             // the most workers
-	running int    // workers started and not retired
-	waiting int    // takers blocked in next
-	halted  bool   // no worker starts any more
+	running int             // workers started and not retired
+	waiting int             // takers blocked in next
+	halted  bool            // no worker starts any more
 }
 
 // workerIdle is how long a worker waits for work before it retires.
@@ -102,7 +102,11 @@ func (s *scheduler) pushRetry(it *retryItem) {
 
 // next waits for a due retry or a run with pending messages, until halt is
 // closed or ctx is done (nil, nil).
-func (s *scheduler) next(ctx context.Context, halt <-chan struct{}) (*queueRun, *retryItem) {
+//
+// idle, a worker's own stopped timer (nil for Poll), times the worker's
+// idleness: a worker that waited workerIdle with nothing listed gets nil,
+// nil and retires.
+func (s *scheduler) next(ctx context.Context, halt <-chan struct{}, idle *time.Timer) (*queueRun, *retryItem) {
 	for {
 		s.mu.Lock()
 		var r *queueRun
@@ -126,7 +130,7 @@ func (s *scheduler) next(ctx context.Context, halt <-chan struct{}) (*queueRun, 
 		if r != nil || it != nil {
 			return r, it
 		}
-		if s.wait(ctx, halt) {
+		if s.wait(ctx, halt, idle) {
 			return nil, nil
 		}
 	}
@@ -135,7 +139,7 @@ func (s *scheduler) next(ctx context.Context, halt <-chan struct{}) (*queueRun, 
 // wait blocks until a wake-up (false), or halt, ctx's end or, for a
 // worker with nothing listed, workerIdle (true: it stops; a retiring
 // worker is counted out).
-func (s *scheduler) wait(ctx context.Context, halt <-chan struct{}) (stop bool) {
+func (s *scheduler) wait(ctx context.Context, halt <-chan struct{}, idle *time.Timer) (stop bool) {
 	s.mu.Lock()
 	s.waiting++
 	s.mu.Unlock()
@@ -147,7 +151,7 @@ func (s *scheduler) wait(ctx context.Context, halt <-chan struct{}) (stop bool) 
 			s.mu.Unlock()
 		}
 	}()
-	if s.spawn == nil {
+	if idle == nil {
 		select {
 		case <-s.wake:
 			return false
@@ -157,7 +161,7 @@ func (s *scheduler) wait(ctx context.Context, halt <-chan struct{}) (stop bool) 
 			return true
 		}
 	}
-	idle := time.NewTimer(workerIdle)
+	idle.Reset(workerIdle)
 	defer idle.Stop()
 	for {
 		select {
