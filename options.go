@@ -95,8 +95,10 @@ func Broadcast() ConsumerOption { return func(c *consumerConfig) { c.broadcast =
 // "<host>-<pid>-<n>", n counting the consumers of the process.
 func WithMemberID(id string) ConsumerOption { return func(c *consumerConfig) { c.memberID = id } }
 
-// WithConcurrency sets how many goroutines run the handler (push only).
-// Default: [DefaultConcurrency]. With [Ordered] a queue is still handled by
+// WithConcurrency sets the most goroutines that run the handler at once
+// (push only). They start when there is work for them and retire after a
+// second without any, so an idle consumer keeps none. Default:
+// [DefaultConcurrency]. With [Ordered] a queue is still handled by
 // one goroutine at a time. The goroutines share a queue's messages as far
 // as it pays: the consumer times the handler, and a goroutine handles
 // alone as many messages (up to 16) as the handler gets through in about
