@@ -10,7 +10,6 @@ import (
 	"path"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -585,22 +584,7 @@ func (q *roQueue) refresh() error {
 	if err != nil {
 		return err
 	}
-	var bases []int64
-	indexes := map[int64]bool{}
-	for _, e := range entries {
-		n := e.Name()
-		switch {
-		case len(n) == 24 && strings.HasSuffix(n, ".log"):
-			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
-				bases = append(bases, b)
-			}
-		case len(n) == 26 && strings.HasSuffix(n, ".index"):
-			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
-				indexes[b] = true
-			}
-		}
-	}
-	slices.Sort(bases)
+	bases, indexes := listSegments(entries)
 	known := map[int64]*roSegment{}
 	for _, s := range q.segs {
 		known[s.base] = s

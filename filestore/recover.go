@@ -25,26 +25,14 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 	if err != nil {
 		return nil, err
 	}
-	var bases []int64
-	indexes := map[int64]bool{}
 	removed := false
 	for _, e := range entries {
-		n := e.Name()
-		switch {
-		case strings.HasSuffix(n, ".tmp"):
+		if n := e.Name(); strings.HasSuffix(n, ".tmp") {
 			_ = st.files.remove(path.Join(qdir, n))
 			removed = true
-		case len(n) == 24 && strings.HasSuffix(n, ".log"):
-			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
-				bases = append(bases, b)
-			}
-		case len(n) == 26 && strings.HasSuffix(n, ".index"):
-			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
-				indexes[b] = true
-			}
 		}
 	}
-	slices.Sort(bases)
+	bases, indexes := listSegments(entries)
 	key := st.key(id)
 	var segs []*segment
 	closeAll := func() {
@@ -216,4 +204,26 @@ func (st *Store) saveCut(s *segment, pos, size int64, name, qdir string) error {
 		return err
 	}
 	return st.files.syncDir(qdir)
+}
+
+// listSegments returns the base offsets of a queue directory's segment
+// files (%020d.log), sorted, and those that have an index file
+// (%020d.index); other names are not its business.
+func listSegments(entries []fs.DirEntry) (bases []int64, indexes map[int64]bool) {
+	indexes = map[int64]bool{}
+	for _, e := range entries {
+		n := e.Name()
+		switch {
+		case len(n) == 24 && strings.HasSuffix(n, ".log"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				bases = append(bases, b)
+			}
+		case len(n) == 26 && strings.HasSuffix(n, ".index"):
+			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
+				indexes[b] = true
+			}
+		}
+	}
+	slices.Sort(bases)
+	return bases, indexes
 }

@@ -9,7 +9,6 @@ import (
 	"path"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/ferrymq/ferry"
 )
@@ -137,22 +136,7 @@ func (v *verifier) queue(id ferry.QueueID, qdir string) error {
 	if err != nil {
 		return err
 	}
-	var bases []int64
-	indexes := map[int64]bool{}
-	for _, e := range entries {
-		n := e.Name()
-		switch {
-		case len(n) == 24 && strings.HasSuffix(n, ".log"):
-			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
-				bases = append(bases, b)
-			}
-		case len(n) == 26 && strings.HasSuffix(n, ".index"):
-			if b, err := strconv.ParseInt(n[:20], 10, 64); err == nil && b >= 0 {
-				indexes[b] = true
-			}
-		}
-	}
-	slices.Sort(bases)
+	bases, indexes := listSegments(entries)
 	key := frameKey{tag: queueTag(v.st.id, id.Topic, id.Queue), legacy: v.st.legacy}
 	cfg := &v.st.cfg
 	var prev *segment
