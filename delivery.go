@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -133,6 +134,20 @@ func newDeliverer(m *groupMember, h Handler) *deliverer {
 	return d
 }
 
+// urgent counts the rebalances and queue takes in progress in the
+// process. While it is not zero, workers yield the processor between
+// batches: with CPU-bound handlers on every core, the goroutines that
+// release and take queues would otherwise wait behind them for whole
+// scheduler time slices (measured: a member joining a group of 256 queues
+// whose 20 workers spun took 0.45–1.1 s; with the yield, 59–69 ms).
+var urgent atomic.Int32
+
+// yieldEvery is how long a worker handles batches before it yields the
+// processor anyway, so that a goroutine that has just become runnable
+// (a membership change not yet seen) waits behind each busy worker for
+// this long at most, not a whole scheduler time slice.
+const yieldEvery = time.Millisecond
+
 // shareBudget is the handling time a worker takes on alone: it takes as
 // many messages as the handler gets through in that time (at most
 // maxAlone), and calls another worker only when the pending messages left
@@ -174,6 +189,7 @@ func (d *deliverer) work() {
 	defer guard.Stop()
 	idle := time.NewTimer(workerIdle) // reused by every wait for work
 	idle.Stop()
+	var yielded time.Time // when the worker last yielded the processor
 	var seq uint
 	for {
 		r, it := m.sched.next(context.Background(), m.halt, idle)
@@ -229,8 +245,10 @@ func (d *deliverer) work() {
 					finished = append(finished, msg)
 				}
 			}
+			var end time.Time
 			if timed {
-				d.record(time.Since(start), n)
+				end = time.Now()
+				d.record(end.Sub(start), n)
 			}
 			dctx.flush(d)
 			if guarded {
@@ -242,6 +260,11 @@ func (d *deliverer) work() {
 			}
 			clear(batch[:n])
 			clear(finished)
+			if urgent.Load() > 0 || timed && end.Sub(yielded) > yieldEvery {
+				// Let a rebalance, or whatever else waits, run (see urgent).
+				runtime.Gosched()
+				yielded = end
+			}
 		default:
 			return
 		}

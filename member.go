@@ -517,6 +517,8 @@ func safeAllocate(a Allocator, group, self string, queues []QueueID, members []s
 // runs for the queues of mine not owned, which lock them in sess. It
 // returns the runs it started.
 func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
+	urgent.Add(1)
+	defer urgent.Add(-1)
 	want := map[int]bool{}
 	for _, q := range mine {
 		want[q.Queue] = true

@@ -78,7 +78,8 @@ func (r *queueRun) run() {
 	defer m.wg.Done()
 	defer close(r.done)
 	defer r.hcancel()
-	readyOnce := sync.OnceFunc(func() { close(r.ready) })
+	urgent.Add(1) // until the queue is taken, or the take gives up
+	readyOnce := sync.OnceFunc(func() { urgent.Add(-1); close(r.ready) })
 	defer readyOnce()
 	lease, err := r.sess.Lock(r.ctx, r.q)
 	if err != nil {
