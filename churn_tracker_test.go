@@ -274,7 +274,9 @@ func (tr *tracker) enter(group, member string, queue int, off int64, body string
 			group, queue, off, attempt, member)
 	}
 	for o := range qt.inside {
-		if o.member != member && !o.givenUp() {
+		// A stale entering call (see stale-call) is the old owner's, its
+		// queue given up after a drain timeout: not an overlap either.
+		if o.member != member && !o.givenUp() && stale == "" {
 			tr.violateLocked(violOverlap, "group %s queue %d: member %s entered offset %d (attempt %d)%s while member %s is inside offset %d (attempt %d), which no drain timeout gave up; inside now: %v",
 				group, queue, member, off, attempt, stale, o.member, o.offset, o.attempt, insideList(qt))
 		}
