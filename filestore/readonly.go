@@ -494,6 +494,9 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 				continue
 			}
 			if err != nil {
+				if q.st.isClosed() { // closed while reading: the file went with it
+					return 0, fmt.Errorf("ferry: read %s: %w", q.id, ferry.ErrClosed)
+				}
 				return 0, fmt.Errorf("ferry: read %s at %d: %w", q.id, offset, err)
 			}
 			if n == 0 && sealed && bad != nil {
