@@ -466,6 +466,9 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 		if _, next := q.bounds(); offset >= next || fresh {
 			if err := q.refresh(); err != nil {
 				q.mu.Unlock()
+				if q.st.isClosed() {
+					return 0, fmt.Errorf("ferry: read %s: %w", q.id, ferry.ErrClosed)
+				}
 				return 0, fmt.Errorf("ferry: read %s at %d: %w", q.id, offset, err)
 			}
 		}
