@@ -99,3 +99,27 @@ func TestCluster(t *testing.T) {
 	runSuites(t, c)
 	t.Run("Coordinator", func(t *testing.T) { runCoordinatorSuite(t, c) })
 }
+
+// consumerFeatures scale the consumer suite down for JetStream, whose
+// round trips make every write and commit far slower than in memory.
+var consumerFeatures = ferrytest.ConsumerFeatures{Scale: 0.1, Timeout: 30 * time.Second}
+
+// openBackend returns a store and a coordinator of a fresh deployment,
+// each over its own connection; Reopen opens the same prefix again.
+func openBackend(t *testing.T, c *cluster, prefix string) ferrytest.Backend {
+	s := openStore(t, c, prefix)
+	co := openCoordinator(t, c, prefix)
+	return ferrytest.Backend{
+		Storage: s, Cursors: s, Coordinator: co,
+		Reopen: func(t *testing.T) ferrytest.Backend { return openBackend(t, c, prefix) },
+	}
+}
+
+// TestSingleConsumers runs the consumer suite of package ferrytest over
+// natsstore (store and coordinator) on the embedded single server.
+func TestSingleConsumers(t *testing.T) {
+	c := singleServer(t)
+	ferrytest.TestConsumers(t, consumerFeatures, func(t *testing.T) ferrytest.Backend {
+		return openBackend(t, c, fmt.Sprintf("k%d", fresh.Add(1)))
+	})
+}
