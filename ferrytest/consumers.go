@@ -107,8 +107,17 @@ func (f ConsumerFeatures) scale(n, floor int) int {
 //   - PullAndPushShareAGroup: a pull and a push member split a group.
 //   - Churn: members join and leave between produced batches; nothing is
 //     lost and, every release draining fully, nothing handled twice.
-//   - ChurnModel: the model-based churn test (see [churn]), reopening the
-//     Backend between rounds when it has Reopen.
+//   - ChurnModel: a model-based churn test: members of a concurrent and
+//     an ordered group join, leave, crash and restart at random while
+//     handlers fail, panic, dead-letter and stall; a tracker checks, as
+//     events happen and at the end of every round, that no two members
+//     are inside one (group, queue), ordered handling, cursors never
+//     moving back, no loss and every permanent failure dead-lettered.
+//     With [Backend].Reopen it closes and reopens the Backend between
+//     rounds (sometimes closing the broker with members live). The
+//     environment variables FERRY_CHURN_SEED, FERRY_CHURN_ROUNDS and
+//     FERRY_CHURN_DLQ_FAULTS replay a seed, set the rounds and turn the
+//     injected dead-letter failures off.
 func TestConsumers(t *testing.T, f ConsumerFeatures, open BackendOpener) {
 	t.Helper()
 	s := &consumerSuite{f: f, open: open}
@@ -718,5 +727,3 @@ func (s *consumerSuite) churn(e *env) {
 	check(t, c.Distinct() == n, "nothing lost: %d of %d handled", c.Distinct(), n)
 	check(t, c.Duplicates() == 0, "fully drained releases redeliver nothing: %d duplicates", c.Duplicates())
 }
-
-func (s *consumerSuite) churnModel(t *testing.T, w *watchdog) { t.Skip("todo") }

@@ -1,4 +1,4 @@
-package ferry_test
+package ferrytest
 
 import (
 	"context"
