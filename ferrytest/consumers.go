@@ -3,6 +3,7 @@ package ferrytest
 import (
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,6 +71,11 @@ type ConsumerFeatures struct {
 	// Timeout bounds each subtest (see the package doc on the watchdog)
 	// and every wait in it. Zero means [DefaultTimeout].
 	Timeout time.Duration
+	// Known maps the names of subtests that fail on the backend for a
+	// known defect of it to that defect: they are skipped with it as the
+	// reason, unless the environment variable FERRY_KNOWN_DEFECTS is 1,
+	// which runs them, to see whether the defect is still there.
+	Known map[string]string
 }
 
 func (f ConsumerFeatures) scale(n, floor int) int {
@@ -122,8 +128,13 @@ func TestConsumers(t *testing.T, f ConsumerFeatures, open BackendOpener) {
 	t.Helper()
 	s := &consumerSuite{f: f, open: open}
 	ff := Features{Timeout: f.Timeout}
+	known := func(t *testing.T, name string) {
+		if why, ok := f.Known[name]; ok && os.Getenv("FERRY_KNOWN_DEFECTS") != "1" {
+			t.Skipf("known defect of the backend (FERRY_KNOWN_DEFECTS=1 runs it): %s", why)
+		}
+	}
 	sub := func(name string, body func(e *env)) {
-		run(t, ff, name, func(t *testing.T, w *watchdog) { body(s.env(t, w)) })
+		run(t, ff, name, func(t *testing.T, w *watchdog) { known(t, name); body(s.env(t, w)) })
 	}
 	sub("ExactlyOnceStableGroup", s.exactlyOnce)
 	sub("ResumeFromCommittedCursor", s.resume)
@@ -136,7 +147,7 @@ func TestConsumers(t *testing.T, f ConsumerFeatures, open BackendOpener) {
 	sub("PullMessagesAutoCommit", s.pullMessages)
 	sub("PullAndPushShareAGroup", s.pullAndPush)
 	sub("Churn", s.churn)
-	run(t, ff, "ChurnModel", func(t *testing.T, w *watchdog) { s.churnModel(t, w) })
+	run(t, ff, "ChurnModel", func(t *testing.T, w *watchdog) { known(t, "ChurnModel"); s.churnModel(t, w) })
 }
 
 type consumerSuite struct {

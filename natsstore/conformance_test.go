@@ -102,7 +102,10 @@ func TestCluster(t *testing.T) {
 
 // consumerFeatures scale the consumer suite down for JetStream, whose
 // round trips make every write and commit far slower than in memory.
-var consumerFeatures = ferrytest.ConsumerFeatures{Scale: 0.1, Timeout: 30 * time.Second}
+// ChurnModel's pull members poll with timeouts of 1 to 20 ms, shorter
+// than a Join: see joinCancelDefect.
+var consumerFeatures = ferrytest.ConsumerFeatures{Scale: 0.1, Timeout: 30 * time.Second,
+	Known: map[string]string{"ChurnModel": joinCancelDefect}}
 
 // openBackend returns a store and a coordinator of a fresh deployment,
 // each over its own connection; Reopen opens the same prefix again.
