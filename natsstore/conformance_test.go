@@ -3,6 +3,7 @@ package natsstore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -118,11 +119,40 @@ func openBackend(t *testing.T, c *cluster, prefix string) ferrytest.Backend {
 	}
 }
 
+// dropDeployment deletes, when t ends, the streams and buckets of the
+// deployment prefix: each stream of a topic with the default retention
+// reserves its MaxBytes of the server's storage, which the suites would
+// otherwise exhaust ("insufficient storage resources available").
+func dropDeployment(t *testing.T, c *cluster, prefix string) {
+	js := c.connect(t)
+	t.Cleanup(func() { // before the connection's cleanup: cleanups run last first
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		names := js.StreamNames(ctx)
+		var drop []string
+		for name := range names.Name() {
+			if strings.HasPrefix(name, prefix+"_") || strings.HasPrefix(name, "KV_"+prefix+"_") {
+				drop = append(drop, name)
+			}
+		}
+		if err := names.Err(); err != nil {
+			t.Errorf("list streams: %v", err)
+		}
+		for _, name := range drop {
+			if err := js.DeleteStream(ctx, name); err != nil {
+				t.Errorf("delete stream %s: %v", name, err)
+			}
+		}
+	})
+}
+
 // TestSingleConsumers runs the consumer suite of package ferrytest over
 // natsstore (store and coordinator) on the embedded single server.
 func TestSingleConsumers(t *testing.T) {
 	c := singleServer(t)
 	ferrytest.TestConsumers(t, consumerFeatures, func(t *testing.T) ferrytest.Backend {
-		return openBackend(t, c, fmt.Sprintf("k%d", fresh.Add(1)))
+		prefix := fmt.Sprintf("k%d", fresh.Add(1))
+		dropDeployment(t, c, prefix) // after the suite closed the backend
+		return openBackend(t, c, prefix)
 	})
 }
