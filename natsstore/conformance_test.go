@@ -156,3 +156,24 @@ func TestSingleConsumers(t *testing.T) {
 		return openBackend(t, c, prefix)
 	})
 }
+
+// TestSingleConsumersMemoryCoordinator runs the consumer suite over
+// natsstore's store (messages and cursors, reopened between the rounds of
+// ChurnModel) with the brokers' own memory coordinators, so that
+// ChurnModel checks the store while joinCancelDefect keeps it from
+// running with natsstore's coordinator.
+func TestSingleConsumersMemoryCoordinator(t *testing.T) {
+	c := singleServer(t)
+	var open func(t *testing.T, prefix string) ferrytest.Backend
+	open = func(t *testing.T, prefix string) ferrytest.Backend {
+		s := openStore(t, c, prefix)
+		return ferrytest.Backend{Storage: s, Cursors: s, Reopen: func(t *testing.T) ferrytest.Backend { return open(t, prefix) }}
+	}
+	f := consumerFeatures
+	f.Known = nil
+	ferrytest.TestConsumers(t, f, func(t *testing.T) ferrytest.Backend {
+		prefix := fmt.Sprintf("m%d", fresh.Add(1))
+		dropDeployment(t, c, prefix)
+		return open(t, prefix)
+	})
+}
