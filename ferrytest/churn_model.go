@@ -60,11 +60,11 @@ import (
 // member is closed, cursors at the end. Violations are reported per round.
 //
 // FERRY_CHURN_SEED replays a seed (logged); FERRY_CHURN_ROUNDS sets the
-// rounds (default 5, scaled by
-// [ConsumerFeatures].Scale, at least 2); FERRY_CHURN_DLQ_FAULTS=0 turns the
-// injected dead-letter write failures off, to look at the other
-// invariants alone. Scheduling still varies between runs of a
-// seed; the choices of the test do not.
+// rounds (default 5, scaled by [ConsumerFeatures].Scale, at least 2);
+// FERRY_CHURN_DLQ_FAULTS=0 turns the injected dead-letter write failures
+// off, to look at the other invariants alone. Scheduling still varies
+// between runs of a seed; the choices of the test do not. The leak check
+// is the test binary's (goleak in each package's TestMain).
 func (s *consumerSuite) churnModel(t *testing.T, w *watchdog) {
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("FERRY_CHURN_SEED"); v != "" {
