@@ -3,13 +3,12 @@ package ferry_test
 import (
 	"context"
 	"fmt"
-	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -24,170 +23,36 @@ func newTopic(t *testing.T, n int, opts ...ferry.BrokerOption) *ferry.Broker {
 	return b
 }
 
+// The helpers below are those of the consumer suite of package
+// ferrytest (TestConsumers, run in consumers_suite_test.go), shared by
+// the tests that stay here.
+
 // produce sends n messages with bodies "<prefix><i>", keyed by i % keys,
 // in batches.
 func produce(t *testing.T, b *ferry.Broker, topic, prefix string, n, keys int) {
 	t.Helper()
-	p, err := b.NewProducer()
-	require.NoError(t, err)
-	defer p.Close()
-	const batch = 500
-	for lo := 0; lo < n; lo += batch {
-		msgs := make([]*ferry.Message, 0, batch)
-		for i := lo; i < min(n, lo+batch); i++ {
-			msgs = append(msgs, &ferry.Message{Topic: topic, Key: "k" + strconv.Itoa(i%keys), Body: []byte(prefix + strconv.Itoa(i))})
-		}
-		_, err := p.SendBatch(context.Background(), msgs)
-		require.NoError(t, err)
-	}
+	ferrytest.Produce(t, b, topic, prefix, n, keys)
 }
 
-// tally counts handled messages by body and signals when a number of
-// distinct bodies has been seen.
-type tally struct {
-	mu     sync.Mutex
-	seen   map[string]int
-	want   int
-	all    chan struct{}
-	closed bool
-}
+// tally counts handled messages by body: a [ferrytest.Tally].
+type tally struct{ *ferrytest.Tally }
 
-func newTally(want int) *tally {
-	return &tally{seen: map[string]int{}, want: want, all: make(chan struct{})}
-}
-
-func (c *tally) add(body string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.seen[body]++
-	if !c.closed && len(c.seen) >= c.want {
-		c.closed = true
-		close(c.all)
-	}
-}
-
-func (c *tally) handler() ferry.Handler {
-	return ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
-		c.add(string(m.Body))
-		return nil
-	})
-}
-
-func (c *tally) duplicates() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	d := 0
-	for _, n := range c.seen {
-		d += n - 1
-	}
-	return d
-}
-
-func (c *tally) distinct() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.seen)
-}
-
-// waitAll waits for every wanted body, failing after a generous watchdog.
-func (c *tally) waitAll(t *testing.T) {
-	t.Helper()
-	select {
-	case <-c.all:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("watchdog: %d of %d messages handled", c.distinct(), c.want)
-	}
-}
+func newTally(want int) *tally          { return &tally{ferrytest.NewTally(want)} }
+func (c *tally) add(body string)        { c.Add(body) }
+func (c *tally) handler() ferry.Handler { return c.Handler() }
+func (c *tally) duplicates() int        { return c.Duplicates() }
+func (c *tally) distinct() int          { return c.Distinct() }
+func (c *tally) waitAll(t *testing.T)   { t.Helper(); c.WaitAll(t, time.Minute) }
 
 func startConsumer(t *testing.T, b *ferry.Broker, group string, h ferry.Handler, opts ...ferry.ConsumerOption) *ferry.Consumer {
 	t.Helper()
-	c, err := b.NewConsumer(group, "t", h, opts...)
-	require.NoError(t, err)
-	require.NoError(t, c.Start(context.Background()))
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
-	return c
+	return ferrytest.StartConsumer(t, b, group, h, opts...)
 }
 
 // union returns every member's assignment and fails on a queue held twice.
 func union(t *testing.T, cs ...*ferry.Consumer) map[ferry.QueueID]string {
-	owners := map[ferry.QueueID]string{}
-	for _, c := range cs {
-		for _, q := range c.Assigned() {
-			if o, ok := owners[q]; ok {
-				t.Errorf("queue %s held by %s and %s", q, o, c.MemberID())
-			}
-			owners[q] = c.MemberID()
-		}
-	}
-	return owners
-}
-
-func TestConsumerExactlyOnceStableGroup(t *testing.T) {
-	n := 12000
-	if testing.Short() {
-		n = 3000
-	}
-	b := newTopic(t, 8)
-	c := newTally(n)
-	var cs []*ferry.Consumer
-	for i := range 3 {
-		cs = append(cs, startConsumer(t, b, "g", c.handler(), ferry.WithMemberID("m"+strconv.Itoa(i))))
-	}
-	// AllocateAveragely over m0, m1, m2: {0,1,2}, {3,4,5}, {6,7}.
-	want := [][]ferry.QueueID{{{"t", 0}, {"t", 1}, {"t", 2}}, {{"t", 3}, {"t", 4}, {"t", 5}}, {{"t", 6}, {"t", 7}}}
-	require.Eventually(t, func() bool {
-		union(t, cs...) // never a queue held twice, even mid-rebalance
-		for i, c := range cs {
-			if !slices.Equal(want[i], c.Assigned()) {
-				return false
-			}
-		}
-		return true
-	}, 10*time.Second, time.Millisecond)
-
-	produce(t, b, "t", "m", n, 1000)
-	c.waitAll(t)
-	for _, cn := range cs {
-		require.NoError(t, cn.Close())
-	}
-	assert.Equal(t, n, c.distinct())
-	assert.Zero(t, c.duplicates(), "a stable group handles each message once")
-}
-
-func TestConsumerResumesFromCommittedCursor(t *testing.T) {
-	b := newTopic(t, 2)
-	produce(t, b, "t", "a", 100, 10)
-	first := newTally(100)
-	c1 := startConsumer(t, b, "g", first.handler())
-	first.waitAll(t)
-	require.NoError(t, c1.Close())
-	require.ErrorIs(t, c1.Start(context.Background()), ferry.ErrClosed)
-	require.NoError(t, c1.Close(), "Close is idempotent")
-
-	produce(t, b, "t", "b", 50, 10)
-	second := newTally(50)
-	startConsumer(t, b, "g", second.handler())
-	second.waitAll(t)
-	for body := range second.seen {
-		assert.Equal(t, byte('b'), body[0], "a resumed group sees only new messages, got %q", body)
-	}
-}
-
-func TestConsumerStartFromOnNewGroup(t *testing.T) {
-	b := newTopic(t, 1)
-	produce(t, b, "t", "old", 10, 1)
-
-	latest := newTally(5)
-	startConsumer(t, b, "late", latest.handler(), ferry.WithStartFrom(ferry.Latest))
-	earliest := newTally(15)
-	startConsumer(t, b, "early", earliest.handler()) // Earliest is the default
-	produce(t, b, "t", "new", 5, 1)
-	latest.waitAll(t)
-	earliest.waitAll(t)
-	for body := range latest.seen {
-		assert.Contains(t, body, "new")
-	}
-	assert.Len(t, earliest.seen, 15)
+	t.Helper()
+	return ferrytest.Owners(t, cs...)
 }
 
 func TestConsumerOptionsValidation(t *testing.T) {

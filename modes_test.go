@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,115 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
-
-func TestConsumerOrderedKeepsPerKeyOrder(t *testing.T) {
-	const keys, perKey = 40, 100
-	b := newTopic(t, 4)
-	var mu sync.Mutex
-	last := map[string]int{}
-	var bad []string
-	c := newTally(keys * perKey)
-	h := ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
-		seq, _ := strconv.Atoi(string(m.Body[strings.IndexByte(string(m.Body), '/')+1:]))
-		mu.Lock()
-		if prev, ok := last[m.Key]; ok && seq != prev+1 {
-			bad = append(bad, m.Key+": "+strconv.Itoa(prev)+" then "+strconv.Itoa(seq))
-		}
-		last[m.Key] = seq
-		mu.Unlock()
-		c.add(string(m.Body))
-		return nil
-	})
-	startConsumer(t, b, "g", h, ferry.Ordered(), ferry.WithConcurrency(8), ferry.WithMemberID("a"))
-	startConsumer(t, b, "g", h, ferry.Ordered(), ferry.WithConcurrency(8), ferry.WithMemberID("b"))
-	p, err := b.NewProducer()
-	require.NoError(t, err)
-	for i := range perKey {
-		msgs := make([]*ferry.Message, keys)
-		for k := range keys {
-			key := "key" + strconv.Itoa(k)
-			msgs[k] = &ferry.Message{Topic: "t", Key: key, Body: []byte(key + "/" + strconv.Itoa(i))}
-		}
-		_, err := p.SendBatch(context.Background(), msgs)
-		require.NoError(t, err)
-	}
-	c.waitAll(t)
-	mu.Lock()
-	defer mu.Unlock()
-	assert.Empty(t, bad)
-	for k := range keys {
-		assert.Equal(t, perKey-1, last["key"+strconv.Itoa(k)])
-	}
-}
-
-func TestConsumerBroadcastDeliversEverythingToEveryMember(t *testing.T) {
-	const n = 1000
-	b := newTopic(t, 4)
-	var tallies []*tally
-	for i := range 3 {
-		c := newTally(n)
-		tallies = append(tallies, c)
-		cn := startConsumer(t, b, "fanout", c.handler(), ferry.Broadcast(), ferry.WithMemberID("m"+strconv.Itoa(i)))
-		assert.Len(t, cn.Assigned(), 4, "a broadcast member holds every queue")
-	}
-	produce(t, b, "t", "x", n, 50)
-	for _, c := range tallies {
-		c.waitAll(t)
-		assert.Zero(t, c.duplicates())
-	}
-}
-
-func TestConsumerBroadcastCursorsArePerMember(t *testing.T) {
-	cursors := ferry.NewMemoryCursorStore()
-	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
-	b := newTopic(t, 1, ferry.WithCursorStore(cursors))
-	produce(t, b, "t", "x", 20, 1)
-	c := newTally(20)
-	cn := startConsumer(t, b, "fanout", c.handler(), ferry.Broadcast(), ferry.WithMemberID("m1"))
-	c.waitAll(t)
-	require.NoError(t, cn.Close())
-	offs, err := cursors.Load(context.Background(), "t", "fanout@m1", 1)
-	require.NoError(t, err)
-	assert.Equal(t, []int64{20}, offs, "a broadcast member's cursor is kept under <group>@<member>")
-	offs, err = cursors.Load(context.Background(), "t", "fanout", 1)
-	require.NoError(t, err)
-	assert.Equal(t, []int64{-1}, offs)
-
-	// The same member ID resumes where it stopped; a new one starts over.
-	produce(t, b, "t", "y", 5, 1)
-	again := newTally(5)
-	startConsumer(t, b, "fanout", again.handler(), ferry.Broadcast(), ferry.WithMemberID("m1"))
-	fresh := newTally(25)
-	startConsumer(t, b, "fanout", fresh.handler(), ferry.Broadcast(), ferry.WithMemberID("m2"))
-	again.waitAll(t)
-	fresh.waitAll(t)
-	for body := range again.seen {
-		assert.Equal(t, byte('y'), body[0])
-	}
-}
-
-func TestConsumerTagsFilterAndStillCommit(t *testing.T) {
-	cursors := ferry.NewMemoryCursorStore()
-	t.Cleanup(func() { _ = cursors.Close() }) // after the consumers: their last commits go in
-	b := newTopic(t, 1, ferry.WithCursorStore(cursors))
-	p, err := b.NewProducer()
-	require.NoError(t, err)
-	for i := range 30 {
-		tag := []string{"red", "green", "blue"}[i%3]
-		_, err := p.Send(context.Background(), &ferry.Message{Topic: "t", Tag: tag, Body: []byte(tag + strconv.Itoa(i))})
-		require.NoError(t, err)
-	}
-	c := newTally(20)
-	cn := startConsumer(t, b, "g", c.handler(), ferry.WithTags("red", "blue"))
-	c.waitAll(t)
-	require.NoError(t, cn.Close())
-	for body := range c.seen {
-		assert.False(t, strings.HasPrefix(body, "green"), body)
-	}
-	offs, err := cursors.Load(context.Background(), "t", "g", 1)
-	require.NoError(t, err)
-	assert.Equal(t, []int64{30}, offs, "skipped messages are committed too")
-}
 
 type reset struct {
 	q        ferry.QueueID
@@ -155,7 +45,7 @@ func TestConsumerCursorBehindRetentionResetsAndReports(t *testing.T) {
 	assert.Equal(t, reset{ferry.QueueID{Topic: "t", Queue: 0}, 5, 90}, <-resets)
 	c.waitAll(t)
 	for i := 90; i < 100; i++ {
-		assert.Equal(t, 1, c.seen["x"+strconv.Itoa(i)])
+		assert.Equal(t, 1, c.Count("x"+strconv.Itoa(i)))
 	}
 	require.NoError(t, cn.Close())
 	offs, err := cursors.Load(context.Background(), "t", "g", 1)
@@ -337,7 +227,7 @@ func TestConsumerOrderedReleaseDoesNotWaitOutRetries(t *testing.T) {
 	again := newTally(1)
 	startConsumer(t, b, "g", again.handler(), ferry.Ordered())
 	again.waitAll(t)
-	assert.Equal(t, 1, again.seen["x0"], "the failed message goes to the next owner")
+	assert.Equal(t, 1, again.Count("x0"), "the failed message goes to the next owner")
 }
 
 // The same holds in concurrent mode: a message waiting out its retry
@@ -373,8 +263,8 @@ func TestConsumerConcurrentReleaseDoesNotWaitOutRetries(t *testing.T) {
 	again := newTally(2)
 	startConsumer(t, b, "g", again.handler())
 	again.waitAll(t)
-	assert.Equal(t, 1, again.seen["x0"], "the failed messages go to the next owner")
-	assert.Equal(t, 1, again.seen["x1"])
+	assert.Equal(t, 1, again.Count("x0"), "the failed messages go to the next owner")
+	assert.Equal(t, 1, again.Count("x1"))
 }
 
 // WithMaxRetryBackoff caps the doubling: with the cap equal to the first
@@ -456,7 +346,7 @@ func TestConsumerDrainTimeoutCancelsAndRedelivers(t *testing.T) {
 	again := newTally(1)
 	startConsumer(t, b, "g", again.handler())
 	again.waitAll(t)
-	assert.Equal(t, 1, again.seen["x0"], "the abandoned message goes to the next owner")
+	assert.Equal(t, 1, again.Count("x0"), "the abandoned message goes to the next owner")
 }
 
 func TestBrokerCloseClosesConsumers(t *testing.T) {
@@ -554,6 +444,6 @@ func TestConsumerFallingBehindRetentionWhileConsumingResets(t *testing.T) {
 	assert.LessOrEqual(t, r.to, int64(45))
 	<-all
 	for i := 45; i < 50; i++ {
-		assert.Equal(t, 1, c.seen["x"+strconv.Itoa(i)])
+		assert.Equal(t, 1, c.Count("x"+strconv.Itoa(i)))
 	}
 }

@@ -26,6 +26,17 @@
 //			})
 //	}
 //
+// [TestConsumers] checks the consumers themselves over a whole backend:
+// brokers over the [Backend] (a Storage, a CursorStore and a Coordinator)
+// a factory returns deliver exactly once in a stable group, resume from
+// committed cursors, keep per-key order, broadcast, poll and commit, and
+// lose nothing while members churn, including a model-based churn test
+// that reopens the backend between rounds when it can. The root package
+// runs it on memory; filestore and natsstore run it in their own tests;
+// [ConsumerFeatures] scales it down for a slow backend. Its helpers
+// ([Produce], [Tally], [StartConsumer], [Owners]) serve other consumer
+// tests too.
+//
 // The suites use only the testing package, so importing ferrytest adds no
 // dependency to a module.
 //

@@ -64,3 +64,21 @@ func TestCursorsListsGroupsCommittedBeyondQueues(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int64{-1}, got.Groups["shipping"].Offsets)
 }
+
+// TestConsumers runs the consumer suite of package ferrytest over the
+// file store (messages and cursors), reopening its directory between the
+// rounds of the model-based churn test.
+func TestConsumers(t *testing.T) {
+	var open func(t *testing.T, dir string) ferrytest.Backend
+	open = func(t *testing.T, dir string) ferrytest.Backend {
+		st, err := filestore.Open(dir, filestore.WithSync(filestore.SyncNever), filestore.WithSegmentBytes(64<<10))
+		require.NoError(t, err)
+		return ferrytest.Backend{
+			Storage: st, Cursors: st,
+			Reopen: func(t *testing.T) ferrytest.Backend { return open(t, dir) },
+		}
+	}
+	ferrytest.TestConsumers(t, ferrytest.ConsumerFeatures{}, func(t *testing.T) ferrytest.Backend {
+		return open(t, t.TempDir())
+	})
+}

@@ -3,6 +3,7 @@ package natsstore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -98,4 +99,81 @@ func TestCluster(t *testing.T) {
 	c := tripleServer(t)
 	runSuites(t, c)
 	t.Run("Coordinator", func(t *testing.T) { runCoordinatorSuite(t, c) })
+}
+
+// consumerFeatures scale the consumer suite down for JetStream, whose
+// round trips make every write and commit far slower than in memory.
+// ChurnModel's pull members poll with timeouts of 1 to 20 ms, shorter
+// than a Join: see joinCancelDefect.
+var consumerFeatures = ferrytest.ConsumerFeatures{Scale: 0.1, Timeout: 30 * time.Second,
+	Known: map[string]string{"ChurnModel": joinCancelDefect}}
+
+// openBackend returns a store and a coordinator of a fresh deployment,
+// each over its own connection; Reopen opens the same prefix again.
+func openBackend(t *testing.T, c *cluster, prefix string) ferrytest.Backend {
+	s := openStore(t, c, prefix)
+	co := openCoordinator(t, c, prefix)
+	return ferrytest.Backend{
+		Storage: s, Cursors: s, Coordinator: co,
+		Reopen: func(t *testing.T) ferrytest.Backend { return openBackend(t, c, prefix) },
+	}
+}
+
+// dropDeployment deletes, when t ends, the streams and buckets of the
+// deployment prefix: each stream of a topic with the default retention
+// reserves its MaxBytes of the server's storage, which the suites would
+// otherwise exhaust ("insufficient storage resources available").
+func dropDeployment(t *testing.T, c *cluster, prefix string) {
+	js := c.connect(t)
+	t.Cleanup(func() { // before the connection's cleanup: cleanups run last first
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		names := js.StreamNames(ctx)
+		var drop []string
+		for name := range names.Name() {
+			if strings.HasPrefix(name, prefix+"_") || strings.HasPrefix(name, "KV_"+prefix+"_") {
+				drop = append(drop, name)
+			}
+		}
+		if err := names.Err(); err != nil {
+			t.Errorf("list streams: %v", err)
+		}
+		for _, name := range drop {
+			if err := js.DeleteStream(ctx, name); err != nil {
+				t.Errorf("delete stream %s: %v", name, err)
+			}
+		}
+	})
+}
+
+// TestSingleConsumers runs the consumer suite of package ferrytest over
+// natsstore (store and coordinator) on the embedded single server.
+func TestSingleConsumers(t *testing.T) {
+	c := singleServer(t)
+	ferrytest.TestConsumers(t, consumerFeatures, func(t *testing.T) ferrytest.Backend {
+		prefix := fmt.Sprintf("k%d", fresh.Add(1))
+		dropDeployment(t, c, prefix) // after the suite closed the backend
+		return openBackend(t, c, prefix)
+	})
+}
+
+// TestSingleConsumersMemoryCoordinator runs the consumer suite over
+// natsstore's store (messages and cursors, reopened between the rounds of
+// ChurnModel) with the brokers' own memory coordinators, so that
+// ChurnModel checks the store while joinCancelDefect keeps it from
+// running with natsstore's coordinator.
+func TestSingleConsumersMemoryCoordinator(t *testing.T) {
+	c := singleServer(t)
+	var open func(t *testing.T, prefix string) ferrytest.Backend
+	open = func(t *testing.T, prefix string) ferrytest.Backend {
+		s := openStore(t, c, prefix)
+		return ferrytest.Backend{Storage: s, Cursors: s, Reopen: func(t *testing.T) ferrytest.Backend { return open(t, prefix) }}
+	}
+	f := consumerFeatures
+	f.Known = nil
+	ferrytest.TestConsumers(t, f, func(t *testing.T) ferrytest.Backend {
+		prefix := fmt.Sprintf("m%d", fresh.Add(1))
+		dropDeployment(t, c, prefix)
+		return open(t, prefix)
+	})
 }

@@ -1,4 +1,4 @@
-package ferry_test
+package ferrytest
 
 import (
 	"context"
@@ -14,24 +14,21 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry"
-	"github.com/ferrymq/ferry/filestore"
-	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 )
 
-// TestChurnModel is a model-based churn test. Members of two groups on one
+// churnModel is the model-based churn test of [TestConsumers]. Members of two groups on one
 // topic — "conc" (push consumers, concurrent, beside pull consumers) and
 // "ord" (push consumers, Ordered) — join, leave, crash-close and restart
 // at random while a producer sends keyed batches; handlers fail
 // transiently (the first attempt of some offsets), permanently
 // (ferry.Permanent), panic (first attempt) or take a while (some ignoring
 // their context), and the first dead-letter write of some permanent
-// failures fails. It runs on the memory store and on filestore, the
-// latter closing everything and reopening the store on the same directory
-// between rounds (after a graceful close, or a Broker.Close with members
-// live).
+// failures fails. Over a Backend with Reopen (filestore, natsstore)
+// it closes everything and reopens the Backend between rounds (after a
+// graceful close, or a Broker.Close with members live); over one without
+// (memory) it keeps the one Backend and broker from round to round.
 //
-// A tracker (churn_tracker_test.go) wraps the handlers, the CursorStore
+// A tracker (churn_tracker.go) wraps the handlers, the CursorStore
 // and the dead-letter queues and checks, as events happen:
 //   - overlap: no member enters a (group, queue) while another member is
 //     inside it, unless the consumer gave that call up (its context was
@@ -63,35 +60,32 @@ import (
 // member is closed, cursors at the end. Violations are reported per round.
 //
 // FERRY_CHURN_SEED replays a seed (logged); FERRY_CHURN_ROUNDS sets the
-// rounds per store (default 5); FERRY_CHURN_DLQ_FAULTS=0 turns the
-// injected dead-letter write failures off, to look at the other
-// invariants alone. Scheduling still varies between runs of a
-// seed; the choices of the test do not.
-func TestChurnModel(t *testing.T) {
+// rounds (default 5, scaled by [ConsumerFeatures].Scale, at least 2);
+// FERRY_CHURN_DLQ_FAULTS=0 turns the injected dead-letter write failures
+// off, to look at the other invariants alone. Scheduling still varies
+// between runs of a seed; the choices of the test do not. The leak check
+// is the test binary's (goleak in each package's TestMain).
+func (s *consumerSuite) churnModel(t *testing.T, w *watchdog) {
 	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("FERRY_CHURN_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		require.NoError(t, err, "FERRY_CHURN_SEED")
-		seed = v
+	if v := os.Getenv("FERRY_CHURN_SEED"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		must(t, err, "FERRY_CHURN_SEED")
+		seed = n
 	}
-	rounds := 5
-	if s := os.Getenv("FERRY_CHURN_ROUNDS"); s != "" {
-		v, err := strconv.Atoi(s)
-		require.NoError(t, err, "FERRY_CHURN_ROUNDS")
-		require.Positive(t, v, "FERRY_CHURN_ROUNDS")
-		rounds = v
+	rounds := s.f.scale(5, 2)
+	if v := os.Getenv("FERRY_CHURN_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		must(t, err, "FERRY_CHURN_ROUNDS")
+		if n < 1 {
+			t.Fatalf("FERRY_CHURN_ROUNDS=%d: want at least 1", n)
+		}
+		rounds = n
 	}
 	dlqFaults := os.Getenv("FERRY_CHURN_DLQ_FAULTS") != "0"
 	t.Logf("seed %d, %d rounds, dead-letter write faults %v (replay: FERRY_CHURN_SEED=%d)", seed, rounds, dlqFaults, seed)
-	for i, store := range []string{"memory", "filestore"} {
-		t.Run(store, func(t *testing.T) {
-			leaks := goleak.IgnoreCurrent()
-			t.Cleanup(func() { goleak.VerifyNone(t, leaks) }) // after the other cleanups
-			c := newChurn(t, store, seed, uint64(i))
-			c.dlqFaults = dlqFaults
-			c.run(rounds)
-		})
-	}
+	c := newChurn(t, w, s.open(t), seed, 0)
+	c.dlqFaults = dlqFaults
+	c.run(rounds)
 }
 
 const (
@@ -168,19 +162,20 @@ type churnMember struct {
 }
 
 type churn struct {
-	t     *testing.T
-	store string
-	seed  uint64
-	rng   *rand.Rand
+	t    *testing.T
+	w    *watchdog
+	seed uint64
+	// be is the Backend; open tells whether it is open. With be.Reopen
+	// (persistent) it is closed and reopened between rounds.
+	be         Backend
+	isOpen     bool
+	persistent bool
+	rng        *rand.Rand
 	// dlqFaults makes the first dead-letter write of the
 	// fatePermanentDLQFail messages fail (FERRY_CHURN_DLQ_FAULTS=0: none).
 	dlqFaults bool
 	tr        *tracker
-	dir       string
 
-	fs      *filestore.Store
-	mem     *ferry.MemoryStorage
-	memCurs *ferry.MemoryCursorStore
 	b       *ferry.Broker
 	p       *ferry.Producer
 	members []*churnMember
@@ -188,14 +183,11 @@ type churn struct {
 	nextID  uint64
 }
 
-func newChurn(t *testing.T, store string, seed, stream uint64) *churn {
+func newChurn(t *testing.T, w *watchdog, be Backend, seed, stream uint64) *churn {
 	c := &churn{
-		t: t, store: store, seed: seed,
+		t: t, w: w, seed: seed, be: be, isOpen: true, persistent: be.Reopen != nil,
 		rng: rand.New(rand.NewPCG(seed, stream)),
 		tr:  newTracker(churnQueues, churnGroups),
-	}
-	if store == "filestore" {
-		c.dir = t.TempDir()
 	}
 	t.Cleanup(c.closeAll)
 	return c
@@ -236,13 +228,13 @@ func (c *churn) run(rounds int) {
 			c.step()
 		}
 		switch {
-		case c.store == "filestore" && !last && c.rng.IntN(3) == 0:
+		case c.persistent && !last && c.rng.IntN(3) == 0:
 			// Crash the broker: every member is live, handlers may be busy,
 			// nothing is waited for. The next round must finish the job.
 			c.t.Logf("round %d: Broker.Close with %d members live", round, len(c.members))
 			c.closeBrokerLive()
 			c.closeStore()
-		case c.store == "memory" && last:
+		case !c.persistent && last:
 			c.settle(round)
 			c.t.Logf("round %d: Broker.Close with %d members live", round, len(c.members))
 			c.closeBrokerLive()
@@ -255,7 +247,7 @@ func (c *churn) run(rounds int) {
 			if settled {
 				c.checkCursorsAtEnd(round)
 			}
-			if c.store == "filestore" || last {
+			if c.persistent || last {
 				c.closeBroker()
 				c.closeStore()
 			}
@@ -264,26 +256,19 @@ func (c *churn) run(rounds int) {
 			c.t.Errorf("round %d (seed %d, FERRY_CHURN_SEED=%d): %d invariant violations (first of each kind):\n%s",
 				round, c.seed, c.seed, n, viol)
 		}
+		c.w.progress()
 	}
-	c.t.Logf("%s: %d messages, violations: %s", c.store, c.nextID, c.tr.summary())
+	c.t.Logf("reopen %v: %d messages, violations: %s", c.persistent, c.nextID, c.tr.summary())
 }
 
-// open opens the store (reopening filestore's directory), a broker over it
+// open opens the Backend again if it was closed, a broker over it
 // and a producer, and checks what the store kept.
 func (c *churn) open() {
 	t := c.t
-	var storage ferry.Storage
-	var cursors ferry.CursorStore
-	switch c.store {
-	case "filestore":
-		st, err := filestore.Open(c.dir, filestore.WithSync(filestore.SyncNever), filestore.WithSegmentBytes(64<<10))
-		require.NoError(t, err, "reopen filestore")
-		c.fs = st
-		storage, cursors = st, st
-	default:
-		c.mem, c.memCurs = ferry.NewMemoryStorage(), ferry.NewMemoryCursorStore()
-		storage, cursors = c.mem, c.memCurs
+	if !c.isOpen {
+		c.be, c.isOpen = c.be.Reopen(t), true
 	}
+	storage, cursors := c.be.Storage, c.be.Cursors
 	failOf := func(body []byte) bool {
 		f, _ := fateOf(c.seed, bodyID(body))
 		return c.dlqFaults && f == fatePermanentDLQFail
@@ -291,29 +276,30 @@ func (c *churn) open() {
 	b, err := ferry.NewBroker(
 		ferry.WithStorage(&trackedStorage{Storage: storage, tr: c.tr, failOf: failOf}),
 		ferry.WithCursorStore(newTrackedCursors(cursors, c.tr)),
+		ferry.WithCoordinator(c.be.Coordinator),
 		ferry.WithLogger(slog.New(trackLog{c.tr})))
-	require.NoError(t, err)
+	must(t, err, "new broker")
 	c.b = b
 	ctx := context.Background()
-	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: churnTopic, Queues: churnQueues}))
+	must(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: churnTopic, Queues: churnQueues}), "create topic")
 	for g := range churnGroups {
 		// The consumers would create them on first use; the test reads
 		// them back.
-		require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "%DLQ%" + g, Queues: 1}))
+		must(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "%DLQ%" + g, Queues: 1}), "create dead-letter topic")
 	}
 	c.p, err = b.NewProducer()
-	require.NoError(t, err)
+	must(t, err, "new producer")
 
 	for q := range churnQueues {
 		rq, err := b.Queue(churnTopic, q)
-		require.NoError(t, err)
+		must(t, err, "queue")
 		if _, next := rq.Offsets(); next != c.tr.next(q) {
 			c.tr.violate(violReopen, "queue %d: next offset %d after reopen, %d produced", q, next, c.tr.next(q))
 		}
 	}
 	for g := range churnGroups {
 		offs, err := cursors.Load(ctx, churnTopic, g, churnQueues)
-		require.NoError(t, err)
+		must(t, err, "load cursors")
 		for q, off := range offs {
 			if want := c.tr.cursor(g, q); off != want {
 				c.tr.violate(violReopen, "group %s queue %d: cursor %d after reopen, %d last committed", g, q, off, want)
@@ -442,13 +428,13 @@ func (c *churn) start(group, id string, pull, fragile bool, opts []ferry.Consume
 	var err error
 	if pull {
 		m.pc, err = c.b.NewPullConsumer(group, churnTopic, opts...)
-		require.NoError(c.t, err)
+		must(c.t, err, "new pull consumer")
 		ctx, cancel := context.WithCancel(context.Background())
 		m.stopLoop, m.loopDone = cancel, make(chan struct{})
 		go c.pullLoop(ctx, m)
 	} else {
 		m.push, err = c.b.NewConsumer(group, churnTopic, c.handler(group), opts...)
-		require.NoError(c.t, err)
+		must(c.t, err, "new consumer")
 		ctx, cancel := context.WithTimeout(context.Background(), churnWatchdog)
 		err = m.push.Start(ctx)
 		cancel()
@@ -633,7 +619,7 @@ func (c *churn) readDeadLetters() {
 	defer cancel()
 	for g := range churnGroups {
 		q, err := c.b.Queue("%DLQ%"+g, 0)
-		require.NoError(c.t, err)
+		must(c.t, err, "dead-letter queue")
 		oldest, next := q.Offsets()
 		buf := make([]*ferry.EnhancedMessage, 64)
 		for off := oldest; off < next; {
@@ -652,13 +638,10 @@ func (c *churn) readDeadLetters() {
 // checkCursorsAtEnd checks, with every member closed after the round
 // settled, that each group's stored cursor is at its queue's end.
 func (c *churn) checkCursorsAtEnd(round int) {
-	var cursors ferry.CursorStore = c.memCurs
-	if c.fs != nil {
-		cursors = c.fs
-	}
+	cursors := c.be.Cursors
 	for g := range churnGroups {
 		offs, err := cursors.Load(context.Background(), churnTopic, g, churnQueues)
-		require.NoError(c.t, err)
+		must(c.t, err, "load cursors")
 		for q, off := range offs {
 			if next := c.tr.next(q); off != next {
 				c.tr.violate(violCursorEnd, "round %d: group %s queue %d: cursor %d once every member closed, want the end %d", round, g, q, off, next)
@@ -688,25 +671,20 @@ func (c *churn) closeBrokerLive() {
 
 func (c *churn) closeBroker() {
 	if c.p != nil {
-		require.NoError(c.t, c.p.Close())
+		must(c.t, c.p.Close(), "close producer")
 		c.p = nil
 	}
 	if c.b != nil {
 		b := c.b
 		c.b = nil
-		require.NoError(c.t, c.bounded("Broker.Close", b.Close))
+		must(c.t, c.bounded("Broker.Close", b.Close), "Broker.Close")
 	}
 }
 
 func (c *churn) closeStore() {
-	if c.fs != nil {
-		require.NoError(c.t, c.fs.Close())
-		c.fs = nil
-	}
-	if c.mem != nil {
-		require.NoError(c.t, c.mem.Close())
-		require.NoError(c.t, c.memCurs.Close())
-		c.mem, c.memCurs = nil, nil
+	if c.isOpen {
+		c.isOpen = false
+		must(c.t, c.be.close(), "close the backend")
 	}
 }
 
@@ -737,11 +715,8 @@ func (c *churn) closeAll() {
 	if c.b != nil {
 		wait(func() { _ = c.b.Close() })
 	}
-	if c.fs != nil {
-		_ = c.fs.Close()
-	}
-	if c.mem != nil {
-		_ = c.mem.Close()
-		_ = c.memCurs.Close()
+	if c.isOpen {
+		c.isOpen = false
+		wait(func() { _ = c.be.close() })
 	}
 }

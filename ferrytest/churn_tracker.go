@@ -1,4 +1,4 @@
-package ferry_test
+package ferrytest
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/ferrymq/ferry"
 )
 
-// The tracker of TestChurnModel: a model of what every group must have
+// The tracker of the ChurnModel subtest of TestConsumers: a model of what every group must have
 // done with every produced offset, fed by a wrapped Handler (and the pull
 // loops), a wrapped CursorStore and a wrapped Storage (dead-letter
 // writes). It checks the invariants that must hold at every instant as
