@@ -104,9 +104,9 @@ func TestCluster(t *testing.T) {
 // consumerFeatures scale the consumer suite down for JetStream, whose
 // round trips make every write and commit far slower than in memory.
 // ChurnModel's pull members poll with timeouts of 1 to 20 ms, shorter
-// than a Join: see joinCancelDefect.
-var consumerFeatures = ferrytest.ConsumerFeatures{Scale: 0.1, Timeout: 30 * time.Second,
-	Known: map[string]string{"ChurnModel": joinCancelDefect}}
+// than a Join: a Join cut short must leave no member behind
+// (TestJoinCancelledLeavesNoMember).
+var consumerFeatures = ferrytest.ConsumerFeatures{Scale: 0.1, Timeout: 30 * time.Second}
 
 // openBackend returns a store and a coordinator of a fresh deployment,
 // each over its own connection; Reopen opens the same prefix again.
@@ -169,9 +169,7 @@ func TestSingleConsumersMemoryCoordinator(t *testing.T) {
 		s := openStore(t, c, prefix)
 		return ferrytest.Backend{Storage: s, Cursors: s, Reopen: func(t *testing.T) ferrytest.Backend { return open(t, prefix) }}
 	}
-	f := consumerFeatures
-	f.Known = nil
-	ferrytest.TestConsumers(t, f, func(t *testing.T) ferrytest.Backend {
+	ferrytest.TestConsumers(t, consumerFeatures, func(t *testing.T) ferrytest.Backend {
 		prefix := fmt.Sprintf("m%d", fresh.Add(1))
 		dropDeployment(t, c, prefix)
 		return open(t, prefix)

@@ -1,9 +1,11 @@
 package natsstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -117,13 +119,18 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		c: c, g: g, member: member, prefix: groupPrefix(g), key: groupPrefix(g) + "." + encodeToken(member),
 		changed: make(chan struct{}, 1), done: make(chan struct{}), stop: make(chan struct{}),
 		leases: map[int]*lease{},
+		nonce:  []byte(member + " " + strconv.FormatUint(rand.Uint64(), 36)),
 	}
 	start := time.Now()
-	rev, err := c.members.Create(ctx, s.key, []byte(member))
+	rev, err := c.members.Create(ctx, s.key, s.nonce)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return nil, fmt.Errorf("ferry: natsstore: join: %w: member %q already in group %q of topic %q", ferry.ErrInvalidOption, member, g.Scope, g.Topic)
 	}
 	if err != nil {
+		// The create may have gone through (a timeout after the send):
+		// a key of ours would hold the member ID and a share of the
+		// queues until it expired. Take it back.
+		c.deleteOwn(c.members, s.key, s.nonce)
 		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, err)
 	}
 	s.rev = rev
@@ -165,6 +172,18 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	s.wg.Go(func() { s.heartbeat(start) })
 	s.wg.Go(func() { s.watch(set, w, wcancel) })
 	return s, nil
+}
+
+// deleteOwn deletes key if it holds value (a key this session created
+// though its create seemed to fail), and reports whether it did.
+func (c *Coordinator) deleteOwn(kv jetstream.KeyValue, key string, value []byte) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.opTimeout)
+	defer cancel()
+	e, err := kv.Get(ctx, key)
+	if err != nil || !bytes.Equal(e.Value(), value) {
+		return false
+	}
+	return kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())) == nil
 }
 
 // deleteKey deletes key if its revision is still rev, bounded by the op
@@ -248,6 +267,7 @@ type session struct {
 	c       *Coordinator
 	g       ferry.GroupKey
 	member  string
+	nonce   []byte // the value of its member and lock keys: member and a random tag, so it knows its own keys after an ambiguous failure
 	prefix  string // the group's keys: prefix + "." + member
 	key     string
 	changed chan struct{}
@@ -345,7 +365,7 @@ func (s *session) heartbeat(start time.Time) {
 		s.mu.Unlock()
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ttl/3, time.Until(last.Add(life))))
-		nrev, err := s.c.members.Update(ctx, s.key, []byte(s.member), rev)
+		nrev, err := s.c.members.Update(ctx, s.key, s.nonce, rev)
 		cancel()
 		switch {
 		case err == nil:
@@ -433,10 +453,13 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 	for {
 		start := time.Now()
 		octx, ocancel := s.c.cfg.bound(ctx)
-		rev, err := s.c.locks.Create(octx, key, []byte(s.member))
+		rev, err := s.c.locks.Create(octx, key, s.nonce)
 		ocancel()
 		if err == nil {
 			return s.granted(q, key, rev, start)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) && s.c.deleteOwn(s.c.locks, key, s.nonce) {
+			continue // our own, from a create whose reply was lost: free now
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			select { // a passing failure: try again shortly
@@ -586,7 +609,7 @@ func (l *lease) renew(start time.Time) {
 		s.mu.Unlock()
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ttl/3, time.Until(start.Add(life))))
-		nrev, err := s.c.locks.Update(ctx, l.key, []byte(s.member), rev)
+		nrev, err := s.c.locks.Update(ctx, l.key, s.nonce, rev)
 		cancel()
 		switch {
 		case err == nil:
