@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -203,6 +205,9 @@ func awaitCond(t *testing.T, ctx context.Context, what string, ok func() (bool, 
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
+			if os.Getenv("NFDUMP") != "" {
+				_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+			}
 			t.Fatalf("%s: %s", what, why)
 		}
 	}
@@ -236,6 +241,25 @@ func caughtUp(ctx context.Context, js jetstream.JetStream, name string) (bool, s
 		return false, err.Error()
 	}
 	return n > 0, "no streams"
+}
+
+// lines collects what is written to it, line by line.
+type lines struct {
+	mu sync.Mutex
+	ls []string
+}
+
+func (l *lines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ls = append(l.ls, strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+func (l *lines) get() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.ls)
 }
 
 // record is an acknowledged send or a handling.
@@ -353,6 +377,7 @@ func TestNodeFailure(t *testing.T) {
 		co *natsstore.Coordinator
 		b  *ferry.Broker
 	}
+	var warns lines // the brokers' warnings: a lost lease, say
 	newMember := func() member {
 		js, err := jetstream.New(c.connect(t))
 		require.NoError(t, err)
@@ -363,12 +388,18 @@ func TestNodeFailure(t *testing.T) {
 		m.co, err = natsstore.NewCoordinator(ctx, js, opts...)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = m.co.Close() })
-		m.b, err = ferry.NewBroker(ferry.WithStorage(m.st), ferry.WithCursorStore(m.st), ferry.WithCoordinator(m.co))
+		m.b, err = ferry.NewBroker(ferry.WithStorage(m.st), ferry.WithCursorStore(m.st), ferry.WithCoordinator(m.co),
+			ferry.WithLogger(slog.New(slog.NewTextHandler(&warns, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = m.b.Close() })
 		return m
 	}
 	m1, m2 := newMember(), newMember()
+	defer func() {
+		for _, w := range warns.get() {
+			t.Log("broker: " + w)
+		}
+	}()
 	meta := ferry.TopicMeta{Name: "orders", Queues: queues}
 	require.NoError(t, m1.b.CreateTopic(ctx, meta))
 	require.NoError(t, m2.b.CreateTopic(ctx, meta))
