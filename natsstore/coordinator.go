@@ -351,6 +351,7 @@ func (s *session) heartbeat(start time.Time) {
 	defer deadline.Stop()
 	tick := time.NewTicker(cfg.ttl / 3)
 	defer tick.Stop()
+	var unknown time.Time // the start of the first try since the last success
 	for {
 		select {
 		case <-s.stop:
@@ -364,6 +365,9 @@ func (s *session) heartbeat(start time.Time) {
 		rev := s.rev
 		s.mu.Unlock()
 		start := time.Now()
+		if unknown.IsZero() {
+			unknown = start
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ttl/3, time.Until(last.Add(life))))
 		nrev, err := s.c.members.Update(ctx, s.key, s.nonce, rev)
 		cancel()
@@ -372,11 +376,22 @@ func (s *session) heartbeat(start time.Time) {
 			s.mu.Lock()
 			s.rev = nrev
 			s.mu.Unlock()
-			last = start
+			last, unknown = start, time.Time{}
 			deadline.Reset(time.Until(start.Add(life)))
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
-			s.wg.Go(func() { s.end(true) }) // the key expired or was deleted: others saw us leave
-			return
+			switch nrev, st := s.c.applied(s.c.members, s.key, s.member, rev, last.Add(life)); st {
+			case renewApplied:
+				s.mu.Lock()
+				s.rev = nrev
+				s.mu.Unlock()
+				// The try applied began no earlier than the first one
+				// since the last success.
+				last, unknown = unknown, time.Time{}
+				deadline.Reset(time.Until(last.Add(life)))
+			case renewRefused:
+				s.wg.Go(func() { s.end(true) }) // the key expired or was deleted: others saw us leave
+				return
+			}
 		}
 	}
 }
@@ -593,6 +608,7 @@ func (l *lease) renew(start time.Time) {
 	life := time.Duration(float64(cfg.ttl) * cfg.safety)
 	lostTimer := time.AfterFunc(time.Until(start.Add(life)), l.lose)
 	tick := time.NewTicker(cfg.ttl / 3)
+	var unknown time.Time // the start of the first try since the last success
 	defer func() {
 		lostTimer.Stop()
 		tick.Stop()
@@ -608,6 +624,9 @@ func (l *lease) renew(start time.Time) {
 		rev := l.rev
 		s.mu.Unlock()
 		start := time.Now()
+		if unknown.IsZero() {
+			unknown = start
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ttl/3, time.Until(start.Add(life))))
 		nrev, err := s.c.locks.Update(ctx, l.key, s.nonce, rev)
 		cancel()
@@ -620,9 +639,24 @@ func (l *lease) renew(start time.Time) {
 			l.rev = nrev
 			s.mu.Unlock()
 			lostTimer.Reset(time.Until(start.Add(life)))
+			unknown = time.Time{}
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
-			l.lose()
-			return
+			switch nrev, st := s.c.applied(s.c.locks, l.key, s.member, rev, start.Add(life)); st {
+			case renewApplied:
+				if !lostTimer.Stop() {
+					return // lost meanwhile
+				}
+				s.mu.Lock()
+				l.rev = nrev
+				s.mu.Unlock()
+				// The try applied began no earlier than the first one
+				// since the last success.
+				lostTimer.Reset(time.Until(unknown.Add(life)))
+				unknown = time.Time{}
+			case renewRefused:
+				l.lose()
+				return
+			}
 		}
 	}
 }
@@ -642,4 +676,34 @@ func (l *lease) lose() {
 	}
 	close(l.stop)
 	close(l.lost)
+}
+
+// renewOutcome is what a renewal refused for its revision turns out to be.
+type renewOutcome int
+
+const (
+	renewUnknown renewOutcome = iota // could not tell: try again at the next tick
+	renewApplied                     // an earlier try was applied after all
+	renewRefused                     // the key is gone or someone else's
+)
+
+// applied looks at key after an update with revision rev was refused for
+// its revision. An earlier try whose reply was lost (its server died
+// after applying it) leaves the key holding member at a later revision:
+// that revision is returned, to renew from. A key that is gone or holds
+// another value is refused. The look is bounded by until (the caller's
+// safety deadline) and the op timeout.
+func (c *Coordinator) applied(kv jetstream.KeyValue, key, member string, rev uint64, until time.Time) (uint64, renewOutcome) {
+	ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.opTimeout, time.Until(until)))
+	defer cancel()
+	e, err := kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return 0, renewRefused
+	case err != nil:
+		return 0, renewUnknown
+	case string(e.Value()) == member && e.Revision() > rev:
+		return e.Revision(), renewApplied
+	}
+	return 0, renewRefused
 }

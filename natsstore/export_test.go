@@ -2,6 +2,7 @@ package natsstore
 
 import (
 	"context"
+	"time"
 
 	"github.com/ferrymq/ferry"
 )
@@ -10,4 +11,12 @@ import (
 // when the key expires: the session sees it and ends. A test hook.
 func DeleteMember(ctx context.Context, c *Coordinator, g ferry.GroupKey, member string) error {
 	return c.members.Delete(ctx, groupPrefix(g)+"."+encodeToken(member))
+}
+
+// RenewApplied is what a renewal of key in the locks bucket, refused for
+// revision rev, finds: the key's later revision holding member (applied),
+// or that the key is gone or someone else's (refused).
+func RenewApplied(c *Coordinator, key, member string, rev uint64) (nrev uint64, applied, refused bool) {
+	nrev, o := c.applied(c.locks, key, member, rev, time.Now().Add(c.cfg.opTimeout))
+	return nrev, o == renewApplied, o == renewRefused
 }

@@ -13,6 +13,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
 	}
+	if os.Getenv(serverEnv) != "" {
+		os.Exit(serverMain())
+	}
 	code := m.Run()
 	stopServers()
 	if code == 0 {

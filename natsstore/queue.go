@@ -222,6 +222,14 @@ func (q *queue) Offsets() (oldest, next int64) {
 	return q.oldest, q.next
 }
 
+// boundedRefresh is refresh bounded by the op timeout unless ctx has a
+// deadline: a request whose server dies gets no reply.
+func (q *queue) boundedRefresh(ctx context.Context) error {
+	ctx, cancel := q.s.cfg.bound(ctx)
+	defer cancel()
+	return q.refresh(ctx)
+}
+
 func (q *queue) refresh(ctx context.Context) error {
 	info, err := q.handle.Info(ctx)
 	if err != nil {
@@ -261,7 +269,7 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			// or (replicated) the direct get was answered by a follower
 			// that has not applied it yet. The leader's first sequence
 			// tells: not purged, ask again shortly.
-			if q.refresh(ctx) == nil && lagged < maxLagRetries {
+			if q.boundedRefresh(ctx) == nil && lagged < maxLagRetries {
 				q.mu.Lock()
 				purged := offset < q.oldest
 				q.mu.Unlock()
@@ -280,22 +288,37 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			return 0, fmt.Errorf("ferry: natsstore: read %s at %d: %w", q.id, offset, ferry.ErrOffsetOutOfRange)
 		case offset > next && !refreshed:
 			refreshed = true
-			if err := q.refresh(ctx); err != nil {
+			if err := q.boundedRefresh(ctx); err != nil {
 				return 0, q.readErr(ctx, err)
 			}
 			continue
 		case offset > next:
 			return 0, fmt.Errorf("ferry: natsstore: read %s at %d beyond %d: %w", q.id, offset, next, ferry.ErrOffsetOutOfRange)
 		}
+		// The ordered consumer wakes us; in case it missed a message (its
+		// stream's leader died: it notices only when heartbeats stop, and
+		// its recreation can fail while no leader is elected) ask the
+		// leader every idleRefresh too.
+		poll := time.NewTimer(idleRefresh)
 		select {
 		case <-wake:
+		case <-poll.C:
+			_ = q.boundedRefresh(ctx) // an error: ask again next time
 		case <-q.done:
+			poll.Stop()
 			return 0, fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
 		case <-ctx.Done():
+			poll.Stop()
 			return 0, fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
 		}
+		poll.Stop()
 	}
 }
+
+// A Read waiting at the end of its queue asks the stream's leader for its
+// last sequence every idleRefresh, in case the ordered consumer that
+// wakes it missed a message.
+const idleRefresh = time.Second
 
 // A Read that finds nothing where the stream's leader says a message is
 // (a direct get served by a follower behind the leader) asks again every
@@ -318,6 +341,10 @@ func (q *queue) readErr(ctx context.Context, err error) error {
 // get reads up to len(dst) messages from offset on; 0 with no error when
 // the stream holds nothing from there on.
 func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	// A request whose server dies gets no reply: bound it, so that a
+	// reader without a deadline gets an error and tries again.
+	ctx, cancel := q.s.cfg.bound(ctx)
+	defer cancel()
 	want := min(len(dst), readBatch)
 	it, err := jetstreamext.GetBatch(ctx, q.s.js, q.stream, want, jetstreamext.GetBatchSeq(uint64(offset)+1))
 	if err != nil {
