@@ -379,7 +379,7 @@ func (s *session) heartbeat(start time.Time) {
 			last, unknown = start, time.Time{}
 			deadline.Reset(time.Until(start.Add(life)))
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
-			switch nrev, st := s.c.applied(s.c.members, s.key, s.member, rev, last.Add(life)); st {
+			switch nrev, st := s.c.applied(s.c.members, s.key, string(s.nonce), rev, last.Add(life)); st {
 			case renewApplied:
 				s.mu.Lock()
 				s.rev = nrev
@@ -641,7 +641,7 @@ func (l *lease) renew(start time.Time) {
 			lostTimer.Reset(time.Until(start.Add(life)))
 			unknown = time.Time{}
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
-			switch nrev, st := s.c.applied(s.c.locks, l.key, s.member, rev, start.Add(life)); st {
+			switch nrev, st := s.c.applied(s.c.locks, l.key, string(s.nonce), rev, start.Add(life)); st {
 			case renewApplied:
 				if !lostTimer.Stop() {
 					return // lost meanwhile
@@ -691,9 +691,10 @@ const (
 // its revision. An earlier try whose reply was lost (its server died
 // after applying it) leaves the key holding member at a later revision:
 // that revision is returned, to renew from. A key that is gone or holds
-// another value is refused. The look is bounded by until (the caller's
+// another value (another session's: the value is the session's nonce) is
+// refused. The look is bounded by until (the caller's
 // safety deadline) and the op timeout.
-func (c *Coordinator) applied(kv jetstream.KeyValue, key, member string, rev uint64, until time.Time) (uint64, renewOutcome) {
+func (c *Coordinator) applied(kv jetstream.KeyValue, key, value string, rev uint64, until time.Time) (uint64, renewOutcome) {
 	ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.opTimeout, time.Until(until)))
 	defer cancel()
 	e, err := kv.Get(ctx, key)
@@ -702,7 +703,7 @@ func (c *Coordinator) applied(kv jetstream.KeyValue, key, member string, rev uin
 		return 0, renewRefused
 	case err != nil:
 		return 0, renewUnknown
-	case string(e.Value()) == member && e.Revision() > rev:
+	case string(e.Value()) == value && e.Revision() > rev:
 		return e.Revision(), renewApplied
 	}
 	return 0, renewRefused

@@ -95,7 +95,7 @@ func TestPartitionConsumer(t *testing.T) {
 				continue
 			}
 			q, _ := strconv.Atoi(e.Key()[strings.LastIndexByte(e.Key(), '.')+1:])
-			if q == qa && string(e.Value()) == "b" && lockedByB.IsZero() {
+			if q == qa && holderOf(e.Value()) == "b" && lockedByB.IsZero() {
 				mu.Lock()
 				lockedByB = time.Now()
 				mu.Unlock()

@@ -158,7 +158,7 @@ func TestProcessKill(t *testing.T) {
 				q, _ := strconv.Atoi(e.Key()[strings.LastIndexByte(e.Key(), '.')+1:])
 				held[q] = ""
 				if e.Operation() == jetstream.KeyValuePut {
-					held[q] = string(e.Value())
+					held[q] = holderOf(e.Value())
 				}
 			case <-ctx.Done():
 				t.Fatalf("%s: holders %v", what, held)

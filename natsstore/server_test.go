@@ -127,6 +127,24 @@ func newTriple(t testing.TB) *cluster {
 			t.Fatalf("JetStream meta leader not elected: %v", err)
 		}
 	}
+	// The meta leader answers before it knows every peer: R3 placement
+	// fails ("no suitable peers") until it does.
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "probe", Replicas: 3, Storage: jetstream.MemoryStorage})
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("three JetStream peers not seen: %v", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, "probe"); err != nil {
+		t.Fatalf("delete probe stream: %v", err)
+	}
 	return c
 }
 

@@ -2,6 +2,7 @@ package natsstore_test
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/ferrymq/ferry"
 	"net"
@@ -21,3 +22,12 @@ func freePort(t testing.TB) int {
 }
 
 func errorsIsFenced(err error) bool { return errors.Is(err, ferry.ErrFenced) }
+
+// holderOf returns the member a member or lock key's value names: the
+// value is the member and its session's random tag.
+func holderOf(v []byte) string {
+	if i := strings.IndexByte(string(v), ' '); i >= 0 {
+		return string(v[:i])
+	}
+	return string(v)
+}
