@@ -28,6 +28,7 @@ type groupMember struct {
 	// Broker.AddQueues); retopic has a value when it changed.
 	view    atomic.Pointer[topicView]
 	retopic chan struct{}
+	rerun   chan struct{} // a run ended on its own (its lease lost, its lock failed): take its queue again
 	sched   scheduler
 	dirty   chan struct{} // something may be committable
 	// life ends when close begins (stop is its Done): everything is
@@ -96,6 +97,7 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 
 		assignedFirst: make(chan struct{}),
 		retopic:       make(chan struct{}, 1),
+		rerun:         make(chan struct{}, 1),
 	}
 	m.commitCost.Store(int64(time.Second)) // unmeasured: slow
 	m.hooks = newHookSet(b.hooks, cfg.hooks)
@@ -371,6 +373,10 @@ func (m *groupMember) loop(sess Session) {
 			m.refreshView()
 			mine, _ := m.allocate(sess.Members())
 			m.rebalance(mine, sess)
+		case <-m.rerun:
+			m.dropEnded()
+			mine, _ := m.allocate(sess.Members())
+			m.rebalance(mine, sess)
 		case <-sess.Changed():
 			mine, ok := m.allocate(sess.Members())
 			runs := m.rebalance(mine, sess)
@@ -378,6 +384,39 @@ func (m *groupMember) loop(sess Session) {
 				runs = nil // a broken split: Start does not wait for locks that may never come
 			}
 			settle(runs)
+		}
+	}
+}
+
+// relockBackoff is the pause before a member takes a queue again whose
+// lock failed (other than by expiry or release).
+const relockBackoff = 200 * time.Millisecond
+
+// runEnded is called as a run ends: if no rebalance revoked it (its lease
+// was lost, its lock failed) and the member goes on, the loop takes the
+// queue again if it is still the member's.
+func (m *groupMember) runEnded(r *queueRun) {
+	if r.dropped.Load() || m.closing() {
+		return
+	}
+	select {
+	case m.rerun <- struct{}{}:
+	default:
+	}
+}
+
+// dropEnded forgets the runs that ended without a rebalance revoking
+// them, so that the next rebalance starts new ones for their queues.
+func (m *groupMember) dropEnded() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for q, r := range m.runs {
+		select {
+		case <-r.done:
+			if !r.dropped.Load() {
+				delete(m.runs, q)
+			}
+		default:
 		}
 	}
 }
@@ -532,6 +571,7 @@ func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
 	}
 	m.mu.Unlock()
 	for _, r := range lost {
+		r.dropped.Store(true)
 		r.revoke() // the run drains, commits and unlocks
 	}
 	for _, r := range lost {

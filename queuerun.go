@@ -37,6 +37,7 @@ type queueRun struct {
 	done    chan struct{} // closed when the run has released the queue
 
 	owned     atomic.Bool   // lock held and cursor loaded
+	dropped   atomic.Bool   // revoked by a rebalance: the member does not take it again when it ends
 	releasing atomic.Bool   // revoked: no take from the buffer, no retry starts
 	finished  atomic.Bool   // drained (or the drain gave up): no handling starts
 	lost      atomic.Bool   // the lease was lost (or fenced): no commit from now on
@@ -76,6 +77,7 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 func (r *queueRun) run() {
 	m := r.m
 	defer m.wg.Done()
+	defer m.runEnded(r) // after done is closed
 	defer close(r.done)
 	defer r.hcancel()
 	urgent.Add(1) // until the queue is taken, or the take gives up
@@ -85,6 +87,14 @@ func (r *queueRun) run() {
 	if err != nil {
 		if r.ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
 			m.report(errorf("ferry: lock %s: %w", r.id, err))
+			// The member takes the queue again (see runEnded), after a
+			// pause so that a lock that keeps failing is not a busy loop.
+			t := time.NewTimer(relockBackoff)
+			select {
+			case <-t.C:
+			case <-r.ctx.Done():
+			}
+			t.Stop()
 		}
 		r.finished.Store(true)
 		return
