@@ -61,11 +61,15 @@ var (
 	ErrFenced = errors.New("ferry: fenced")
 )
 
-// errorf is [fmt.Errorf] for the errors Ferry returns: the text keeps one
+// Errorf is [fmt.Errorf] for the errors Ferry returns, and for those of
+// implementations of its seams (stores, coordinators): the text keeps one
 // "ferry:" prefix per chain, dropping those of the errors it wraps
 // ("ferry: poll: start pull consumer: closed", not "ferry: poll: ferry:
 // start pull consumer: ferry: closed"), while [errors.Is] and
 // [errors.As] still see every wrapped error.
+func Errorf(format string, args ...any) error { return errorf(format, args...) }
+
+// errorf is [Errorf].
 func errorf(format string, args ...any) error {
 	err := fmt.Errorf(format, args...)
 	msg := err.Error()

@@ -3,7 +3,6 @@ package filestore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io/fs"
 	"path"
 	"strconv"
@@ -26,15 +25,15 @@ const deletedPrefix = "~deleted-"
 // nothing. Cursors stay (see [Store.Forget]).
 func (st *Store) DeleteTopic(ctx context.Context, name string) error {
 	if err := ferry.ValidateTopicName(name); err != nil {
-		return fmt.Errorf("ferry: delete topic: %w", err)
+		return ferry.Errorf("ferry: delete topic: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("ferry: delete topic: %w", err)
+		return ferry.Errorf("ferry: delete topic: %w", err)
 	}
 	st.mu.Lock()
 	if st.closed {
 		st.mu.Unlock()
-		return fmt.Errorf("ferry: delete topic: %w", ferry.ErrClosed)
+		return ferry.Errorf("ferry: delete topic: %w", ferry.ErrClosed)
 	}
 	var open []*queue
 	for id, q := range st.queues {
@@ -54,13 +53,13 @@ func (st *Store) DeleteTopic(ctx context.Context, name string) error {
 	}
 	trash := path.Join("topics", deletedPrefix+name+"-"+strconv.FormatInt(time.Now().UnixNano(), 10))
 	if err := st.files.rename(tdir, trash); err != nil {
-		return fmt.Errorf("ferry: delete topic %q: %w", name, err)
+		return ferry.Errorf("ferry: delete topic %q: %w", name, err)
 	}
 	if err := st.files.syncDir("topics"); err != nil {
-		return fmt.Errorf("ferry: delete topic %q: %w", name, err)
+		return ferry.Errorf("ferry: delete topic %q: %w", name, err)
 	}
 	if err := st.root.RemoveAll(trash); err != nil {
-		return fmt.Errorf("ferry: delete topic %q: %w", name, err)
+		return ferry.Errorf("ferry: delete topic %q: %w", name, err)
 	}
 	return nil
 }

@@ -121,3 +121,16 @@ func TestSyncPoliciesAreConstants(t *testing.T) {
 		require.ErrorIs(t, err, ferry.ErrInvalidOption, "%v", p)
 	}
 }
+
+// A store's errors keep one "ferry:" prefix per chain.
+func TestErrorsHaveOnePrefix(t *testing.T) {
+	st, err := Open(t.TempDir())
+	require.NoError(t, err)
+	require.NoError(t, st.Close())
+	_, err = st.Load(context.Background(), "t", "g", 1)
+	require.ErrorIs(t, err, ferry.ErrClosed)
+	assert.Equal(t, 1, strings.Count(err.Error(), "ferry:"), err.Error())
+	_, err = Open(t.TempDir(), WithSync(0))
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	assert.Equal(t, 1, strings.Count(err.Error(), "ferry:"), err.Error())
+}
