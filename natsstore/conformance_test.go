@@ -159,9 +159,9 @@ func TestSingleConsumers(t *testing.T) {
 
 // TestSingleConsumersMemoryCoordinator runs the consumer suite over
 // natsstore's store (messages and cursors, reopened between the rounds of
-// ChurnModel) with the brokers' own memory coordinators, so that
-// ChurnModel checks the store while joinCancelDefect keeps it from
-// running with natsstore's coordinator.
+// ChurnModel) with the brokers' own memory coordinators: the store
+// checked apart from natsstore's coordinator (TestSingleConsumers runs
+// both together).
 func TestSingleConsumersMemoryCoordinator(t *testing.T) {
 	c := singleServer(t)
 	var open func(t *testing.T, prefix string) ferrytest.Backend

@@ -130,7 +130,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		// The create may have gone through (a timeout after the send):
 		// a key of ours would hold the member ID and a share of the
 		// queues until it expired. Take it back.
-		c.deleteOwn(c.members, s.key, s.nonce)
+		c.takeBack(c.members, s.key, s.nonce)
 		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, err)
 	}
 	s.rev = rev
@@ -179,11 +179,35 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 func (c *Coordinator) deleteOwn(kv jetstream.KeyValue, key string, value []byte) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.opTimeout)
 	defer cancel()
+	return deleteOwn(ctx, kv, key, value)
+}
+
+func deleteOwn(ctx context.Context, kv jetstream.KeyValue, key string, value []byte) bool {
 	e, err := kv.Get(ctx, key)
 	if err != nil || !bytes.Equal(e.Value(), value) {
 		return false
 	}
 	return kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())) == nil
+}
+
+// takeBack undoes a create of key with value whose outcome is unknown (it
+// failed with a timeout or a cancelled ctx, and may have been applied or
+// be still on its way). A read cannot tell: it may run before the create
+// lands. A second create can: the bucket's stream applies this
+// connection's writes in order, so by the time the second is answered
+// the first has landed or never will. If the second one succeeds, the
+// first did not (and the key just made is deleted); if the key exists
+// and holds value, the first did (and it is deleted).
+func (c *Coordinator) takeBack(kv jetstream.KeyValue, key string, value []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.opTimeout)
+	defer cancel()
+	rev, err := kv.Create(ctx, key, value)
+	switch {
+	case err == nil:
+		_ = kv.Delete(ctx, key, jetstream.LastRevision(rev))
+	case errors.Is(err, jetstream.ErrKeyExists):
+		deleteOwn(ctx, kv, key, value)
+	}
 }
 
 // deleteKey deletes key if its revision is still rev, bounded by the op
@@ -477,11 +501,13 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 			continue // our own, from a create whose reply was lost: free now
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
-			select { // a passing failure: try again shortly
+			select { // a passing failure: try again shortly (the next create tells whether this one landed)
 			case <-time.After(retryBackoff):
 			case <-s.stop:
+				s.c.takeBack(s.c.locks, key, s.nonce)
 				return nil, expired()
 			case <-ctx.Done():
+				s.c.takeBack(s.c.locks, key, s.nonce)
 				return nil, fmt.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ctx.Err())
 			}
 			continue
