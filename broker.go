@@ -14,9 +14,11 @@ import (
 // Broker is the in-process owner of topics, queues, cursors and group
 // membership. Producers and consumers are made from it.
 //
-// A Broker is safe for concurrent use. It starts no goroutine of its own;
-// Close closes the consumers made from it, the queues it opened and the
-// stores it created itself.
+// A Broker is safe for concurrent use. Its own goroutines move delayed
+// messages (see [Message.DeliverAt]): they start when the first one is
+// sent, or at NewBroker when the storage holds some. Close stops them,
+// closes the consumers made from it, the queues it opened and the stores
+// it created itself.
 type Broker struct {
 	storage     Storage
 	cursors     CursorStore
@@ -36,6 +38,8 @@ type Broker struct {
 
 	groups groupRegistry // membership, queue locks, consumers to close
 	clock  *coarseClock  // stamps messages
+	time   Clock         // delays and retries run on it (see WithClock)
+	delay  *delayer      // moves delayed messages
 }
 
 // topicState is a topic and its open queues; immutable once published.
@@ -54,6 +58,7 @@ type brokerConfig struct {
 	coord   Coordinator
 	log     *slog.Logger
 	hooks   []Hook
+	clock   Clock
 }
 
 // WithStorage sets where queues and topic metadata live. Default: a new
@@ -99,6 +104,11 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 		b.coord, b.ownsCoord = NewMemoryCoordinator(), true
 	}
 	b.groups.init(b.coord, b.cursors)
+	b.time = c.clock
+	if b.time == nil {
+		b.time = systemClock{}
+	}
+	b.delay = newDelayer(b, b.time)
 	if b.log == nil {
 		b.log = slog.New(slog.DiscardHandler)
 	}
@@ -112,6 +122,14 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 			return nil, errors.Join(errorf("ferry: new broker: %w", err), b.Close())
 		}
 		b.publish(t)
+	}
+	// Delayed messages written before: their movers start now.
+	for _, meta := range metas {
+		if n, ok := delayLevelOf(meta.Name); ok {
+			if _, err := b.delay.run(n); err != nil {
+				return nil, errors.Join(errorf("ferry: new broker: %w", err), b.Close())
+			}
+		}
 	}
 	return b, nil
 }
@@ -335,6 +353,7 @@ func (b *Broker) ForgetGroup(group, topic string) error {
 // its ctx). It is idempotent; afterwards every method returns
 // [ErrClosed].
 func (b *Broker) Close() error {
+	b.delay.close()
 	consumersErr := b.groups.closeAll()
 	b.mu.Lock()
 	defer b.mu.Unlock()

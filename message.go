@@ -24,6 +24,13 @@ type Message struct {
 	Headers map[string]string
 	// Body is the payload.
 	Body []byte
+	// DeliverAt, when after the broker's clock reads now (see
+	// [WithClock]), delays the message: consumers get it no earlier than
+	// this time, and shortly after. Meanwhile it waits in an internal
+	// topic (see [IsDelayTopic]), durable like any other on a persistent
+	// storage. Zero or past: now. Not stored: a delivered message carries
+	// its due time in the [HeaderDeliverAt] header.
+	DeliverAt time.Time
 }
 
 // Size returns the bytes a message counts for in size limits, retention and

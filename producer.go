@@ -36,9 +36,16 @@ type Producer struct {
 
 // SendResult says where a message landed.
 type SendResult struct {
-	ID     MessageID
+	ID MessageID
+	// Queue and Offset are where the message was written: its topic's
+	// queue, or for a delayed message the delay queue where it waits.
 	Queue  QueueID
 	Offset int64
+	// Target is the queue consumers get the message from: Queue, or for
+	// a delayed message the queue it moves to when due.
+	Target QueueID
+	// DeliverAt is when a delayed message is due; zero for the others.
+	DeliverAt time.Time
 }
 
 // ProducerOption configures a Producer.
@@ -133,6 +140,13 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 	if err != nil {
 		return SendResult{}, err
 	}
+	if p.delayed(m) {
+		res, err := p.b.delay.place(ctx, em, QueueID{Topic: t.meta.Name, Queue: i}, m.DeliverAt, wait)
+		if p.hooks != nil {
+			p.hooks.onSent(ctx, em, err)
+		}
+		return res, err
+	}
 	q := t.queues[i]
 	if mq, ok := q.(*MemoryQueue); ok {
 		one := [1]*EnhancedMessage{em}
@@ -148,7 +162,13 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 	if err != nil {
 		return SendResult{}, err
 	}
-	return SendResult{ID: em.ID, Queue: QueueID{Topic: m.Topic, Queue: em.Queue}, Offset: em.Offset}, nil
+	id := QueueID{Topic: m.Topic, Queue: em.Queue}
+	return SendResult{ID: em.ID, Queue: id, Offset: em.Offset, Target: id}, nil
+}
+
+// delayed reports whether m is due later than now.
+func (p *Producer) delayed(m *Message) bool {
+	return !m.DeliverAt.IsZero() && m.DeliverAt.After(p.b.time.Now())
 }
 
 // writeAt writes msgs to q. A MemoryQueue takes now, the clock reading the
@@ -249,6 +269,11 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 	if err := ctx.Err(); err != nil {
 		return nil, nil, errorf("ferry: send batch: %w", err)
 	}
+	for _, m := range msgs {
+		if m != nil && p.delayed(m) {
+			return p.sendMixed(ctx, msgs)
+		}
+	}
 	now := p.b.clock.now()
 	ems := make([]EnhancedMessage, len(msgs))
 	first := reserveIDs(len(msgs))
@@ -327,9 +352,71 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 			}
 			for k := lo; k < hi; k++ {
 				em := sorted[k]
-				results[index[k]] = SendResult{ID: em.ID, Queue: QueueID{Topic: em.Topic, Queue: q}, Offset: em.Offset}
+				id := QueueID{Topic: em.Topic, Queue: q}
+				results[index[k]] = SendResult{ID: em.ID, Queue: id, Offset: em.Offset, Target: id}
 			}
 		}
+	}
+	return results, ems, nil
+}
+
+// sendMixed is sendBatch for a batch with delayed messages: every
+// message is checked and routed before anything is written; then the
+// others are written as a batch, then the delayed ones, each to its delay
+// level.
+func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult, []EnhancedMessage, error) {
+	type pending struct {
+		i     int
+		topic string
+		q     int
+	}
+	now := p.b.clock.now()
+	first := reserveIDs(len(msgs))
+	ems := make([]EnhancedMessage, len(msgs))
+	var plain []*Message
+	var plainAt []int
+	var delayed []pending
+	for i, m := range msgs {
+		if m == nil || !p.delayed(m) {
+			plain = append(plain, m)
+			plainAt = append(plainAt, i)
+			continue
+		}
+		t, q, err := p.prepare(ctx, m, &ems[i], now, first+uint64(i))
+		if err != nil {
+			return nil, ems[:0], errorf("ferry: send batch: message %d: %w", i, err)
+		}
+		delayed = append(delayed, pending{i, t.meta.Name, q})
+	}
+	for _, m := range plain { // checked before anything is written
+		if _, err := p.check(m); err != nil {
+			return nil, ems[:0], errorf("ferry: send batch: %w", err)
+		}
+	}
+	results := make([]SendResult, len(msgs))
+	for i := range results {
+		results[i].Offset = -1
+	}
+	if len(plain) > 0 {
+		res, pems, err := p.sendBatch(ctx, plain)
+		for k, i := range plainAt {
+			if k < len(res) {
+				results[i] = res[k]
+			}
+			if k < len(pems) {
+				ems[i] = pems[k]
+			}
+		}
+		if err != nil {
+			return results, ems, err
+		}
+	}
+	for _, d := range delayed {
+		res, err := p.b.delay.place(ctx, &ems[d.i], QueueID{Topic: d.topic, Queue: d.q}, msgs[d.i].DeliverAt, true)
+		if err != nil {
+			return results, ems, errorf("ferry: send batch: message %d: %w", d.i, err)
+		}
+		results[d.i] = res
 	}
 	return results, ems, nil
 }
@@ -350,7 +437,7 @@ func (p *Producer) writeOne(ctx context.Context, t *topicState, q int, ems []Enh
 	}
 	id := QueueID{Topic: t.meta.Name, Queue: q}
 	for i := range ems {
-		results[i] = SendResult{ID: ems[i].ID, Queue: id, Offset: ems[i].Offset}
+		results[i] = SendResult{ID: ems[i].ID, Queue: id, Offset: ems[i].Offset, Target: id}
 	}
 	return results, nil
 }

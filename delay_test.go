@@ -1,0 +1,288 @@
+package ferry_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/filestore"
+	"github.com/ferrymq/ferry/ferrytest"
+)
+
+// receipts records, per message body, when (on the fake clock) the
+// handler got it, and the order bodies arrived per key.
+type receipts struct {
+	clock ferry.Clock
+	mu    sync.Mutex
+	at    map[string]time.Time
+	byKey map[string][]string
+	dups  int
+	wake  chan struct{}
+}
+
+func newReceipts(c ferry.Clock) *receipts {
+	return &receipts{clock: c, at: map[string]time.Time{}, byKey: map[string][]string{}, wake: make(chan struct{}, 1)}
+}
+
+func (r *receipts) handler() ferry.Handler {
+	return ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
+		now := r.clock.Now()
+		r.mu.Lock()
+		if _, ok := r.at[string(m.Body)]; ok {
+			r.dups++
+		} else {
+			r.at[string(m.Body)] = now
+			r.byKey[m.Key] = append(r.byKey[m.Key], string(m.Body))
+		}
+		r.mu.Unlock()
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+		return nil
+	})
+}
+
+func (r *receipts) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.at)
+}
+
+// runClock advances clock from timer to timer until cond holds (or the
+// real-time timeout passes: a failure).
+func runClock(t *testing.T, clock *ferrytest.FakeClock, what string, cond func() bool, wake <-chan struct{}) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (fake clock at %v, %d timers)", what, clock.Now(), clock.Timers())
+		}
+		if !clock.AdvanceToNext() {
+			select { // busy, not waiting on the clock: let it work
+			case <-wake:
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+}
+
+func TestDelayedNeverEarlyOnFakeClock(t *testing.T) {
+	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	clock := ferrytest.NewFakeClock(start)
+	b := ferrytest.NewBroker(t, ferry.WithClock(clock))
+	ctx := t.Context()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "jobs", Queues: 2}))
+	rec := newReceipts(clock)
+	c, err := b.NewConsumer("g", "jobs", rec.handler())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+
+	delays := []time.Duration{-time.Hour, 0, time.Nanosecond, time.Millisecond, 49 * time.Millisecond, 50 * time.Millisecond,
+		99 * time.Millisecond, 100 * time.Millisecond, time.Second, 90 * time.Second, time.Hour, 3 * 24 * time.Hour, 400 * 24 * time.Hour}
+	due := map[string]time.Time{}
+	for i, d := range delays {
+		body := fmt.Sprintf("m%d", i)
+		at := start.Add(d)
+		if d == 0 {
+			at = time.Time{}
+		}
+		res, err := p.Send(ctx, &ferry.Message{Topic: "jobs", Body: []byte(body), DeliverAt: at})
+		require.NoError(t, err)
+		due[body] = start.Add(max(d, 0))
+		if d > 0 {
+			assert.True(t, ferry.IsDelayTopic(res.Queue.Topic), "%v waits in %v", d, res.Queue)
+			assert.Equal(t, "jobs", res.Target.Topic)
+			assert.True(t, res.DeliverAt.Equal(at))
+		} else {
+			assert.Equal(t, res.Queue, res.Target, "%v is not delayed", d)
+			assert.True(t, res.DeliverAt.IsZero())
+		}
+	}
+	runClock(t, clock, "every message", func() bool { return rec.count() == len(delays) }, rec.wake)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for body, at := range rec.at {
+		assert.False(t, at.Before(due[body]), "%s due %v delivered at %v", body, due[body].Sub(start), at.Sub(start))
+	}
+	assert.Zero(t, rec.dups)
+}
+
+// TestDelayedManyRandom: 100k messages (10k under -short) with random due
+// times over an hour, over 500 keys whose due times are in send order: all
+// delivered, none early, each key's in due order, none twice.
+func TestDelayedManyRandom(t *testing.T) {
+	n := 100_000
+	if testing.Short() {
+		n = 10_000
+	}
+	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	clock := ferrytest.NewFakeClock(start)
+	b := ferrytest.NewBroker(t, ferry.WithClock(clock))
+	ctx := t.Context()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "jobs", Queues: 4}))
+	rec := newReceipts(clock)
+	c, err := b.NewConsumer("g", "jobs", rec.handler(), ferry.Ordered())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	const keys = 500
+	last := make([]time.Duration, keys)
+	due := make(map[string]time.Time, n)
+	var batch []*ferry.Message
+	for i := range n {
+		k := rng.IntN(keys)
+		// Later than the key's last due time: the key's order is its due order.
+		d := last[k] + time.Duration(rng.Int64N(int64(time.Hour)/int64(n/keys)*2))
+		last[k] = d
+		body := strconv.Itoa(i)
+		due[body] = start.Add(d)
+		batch = append(batch, &ferry.Message{Topic: "jobs", Key: strconv.Itoa(k), Body: []byte(body), DeliverAt: start.Add(d)})
+		if len(batch) == 100 {
+			_, err := p.SendBatch(ctx, batch)
+			require.NoError(t, err)
+			batch = batch[:0]
+		}
+	}
+	runClock(t, clock, "every message", func() bool { return rec.count() == n }, rec.wake)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	early := 0
+	for body, at := range rec.at {
+		if at.Before(due[body]) {
+			early++
+		}
+	}
+	assert.Zero(t, early, "delivered early")
+	assert.Zero(t, rec.dups, "delivered twice")
+	outOfOrder := 0
+	for _, bodies := range rec.byKey {
+		if !slices.IsSortedFunc(bodies, func(a, b string) int { return due[a].Compare(due[b]) }) {
+			if outOfOrder == 0 {
+				for i := 1; i < len(bodies); i++ {
+					if due[bodies[i]].Before(due[bodies[i-1]]) {
+						for j := max(0, i-3); j < min(len(bodies), i+3); j++ {
+							b := bodies[j]
+							t.Logf("%d: %s due %v got %v", j, b, due[b].Sub(start), rec.at[b].Sub(start))
+						}
+						break
+					}
+				}
+			}
+			outOfOrder++
+		}
+	}
+	assert.Zero(t, outOfOrder, "keys delivered out of due order")
+}
+
+// TestDelayedRealClock: on the system clock, nothing arrives before its
+// time (the bound is on earliness only: lateness depends on the host).
+func TestDelayedRealClock(t *testing.T) {
+	b := ferrytest.NewBroker(t)
+	ctx := t.Context()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "jobs", Queues: 2}))
+	rec := newReceipts(systemClock{})
+	c, err := b.NewConsumer("g", "jobs", rec.handler())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	due := map[string]time.Time{}
+	for i := range 200 {
+		at := time.Now().Add(time.Duration(i) * 1500 * time.Microsecond)
+		body := strconv.Itoa(i)
+		due[body] = at
+		_, err := p.Send(ctx, &ferry.Message{Topic: "jobs", Body: []byte(body), DeliverAt: at})
+		require.NoError(t, err)
+	}
+	ferrytest.WaitFor(t, 10*time.Second, "every message", func() bool { return rec.count() == 200 }, rec.wake)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var late []time.Duration
+	for body, at := range rec.at {
+		assert.False(t, at.Before(due[body]), "%s delivered %v early", body, due[body].Sub(at))
+		late = append(late, at.Sub(due[body]))
+	}
+	slices.Sort(late)
+	t.Logf("lateness p50 %v p99 %v max %v", late[len(late)/2], late[len(late)*99/100], late[len(late)-1])
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+func (systemClock) AfterFunc(d time.Duration, f func()) ferry.Timer {
+	return time.AfterFunc(d, f)
+}
+
+// TestDelayedSurviveRestart: delayed messages pending in a filestore when
+// the broker closes are delivered after it opens again, none early, none
+// lost.
+func TestDelayedSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	clock := ferrytest.NewFakeClock(start)
+	var s *filestore.Store
+	open := func() *ferry.Broker {
+		var err error
+		s, err = filestore.Open(dir)
+		require.NoError(t, err)
+		b, err := ferry.NewBroker(ferry.WithStorage(s), ferry.WithCursorStore(s), ferry.WithClock(clock))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = b.Close(); _ = s.Close() })
+		return b
+	}
+	ctx := t.Context()
+	b := open()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "jobs", Queues: 2}))
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	const n = 1000
+	due := map[string]time.Time{}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range n {
+		d := time.Duration(rng.Int64N(int64(48 * time.Hour)))
+		body := strconv.Itoa(i)
+		due[body] = start.Add(d)
+		_, err := p.Send(ctx, &ferry.Message{Topic: "jobs", Body: []byte(body), DeliverAt: start.Add(d)})
+		require.NoError(t, err)
+	}
+	// Some move before the restart, some are pending across it.
+	rec := newReceipts(clock)
+	c, err := b.NewConsumer("g", "jobs", rec.handler())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	runClock(t, clock, "a third", func() bool { return rec.count() >= n/3 }, rec.wake)
+	require.NoError(t, c.Close())
+	require.NoError(t, b.Close())
+	require.NoError(t, s.Close())
+
+	b = open()
+	c, err = b.NewConsumer("g", "jobs", rec.handler())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	runClock(t, clock, "every message", func() bool { return rec.count() == n }, rec.wake)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for body, at := range rec.at {
+		assert.False(t, at.Before(due[body]), "%s early", body)
+	}
+	t.Logf("%d delivered again after the restart (moved, not yet committed)", rec.dups)
+}
