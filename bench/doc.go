@@ -19,6 +19,19 @@
 //  4. Latency publish → handler at a fixed offered rate.
 //  5. Durable writes to disk under each sync policy.
 //
+// The scale workloads (issue 18) measure cost rather than speed, each
+// point on its own ([MeasureScale]; the command runs each in a child
+// process so that its memory figures are its own):
+//
+//  6. Topics: 1, 100, 10,000 topics with a consumer each — memory, setup
+//     time, CPU per message spread over all of them, idle CPU.
+//  7. Paced: 100,000 msgs/s from one producer to one consumer — CPU per
+//     message and latency, beside a Go channel paced the same way.
+//  8. Backlog: 1M messages kept with no consumer — bytes per message
+//     beyond the body, and a full GC's duration.
+//  9. Rebalance: a member joins a group owning 256 queues under CPU-bound
+//     load — time until it holds its share.
+//
 // Every figure is a median over runs, and every ratio is taken within one
 // run before the median, so that noise from a shared machine cancels.
 package bench
