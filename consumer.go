@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 )
 
@@ -43,6 +44,10 @@ type Consumer struct {
 	m *groupMember
 	h Handler
 	d atomic.Pointer[deliverer] // set by Start
+
+	retryMu sync.Mutex // guards retry and closing
+	retry   *Consumer  // reads the retry topic, once there are retries
+	closing bool
 }
 
 // deliverer returns the consumer's deliverer, nil before Start.
@@ -73,7 +78,10 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 	if b.closed.Load() {
 		return nil, errorf("ferry: new consumer: %w", ErrClosed)
 	}
-	return &Consumer{m: newGroupMember(b, group, topic, cfg), h: h}, nil
+	cfg.retryTopic = RetryTopic(group, topic)
+	c := &Consumer{m: newGroupMember(b, group, topic, cfg), h: h}
+	c.m.onChanged = func() { _ = c.ensureRetry(c.m.life, false) }
+	return c, nil
 }
 
 // Start joins the group and returns once the consumer holds the queues of
@@ -91,18 +99,24 @@ func (c *Consumer) Start(ctx context.Context) error {
 	}
 	err := c.m.start(ctx, func() {
 		d := newDeliverer(c.m, c.h)
+		if c.m.cfg.retryOf == "" && c.m.offQueue() {
+			d.c = c
+		}
 		c.d.Store(d)
 		c.m.dropRetries = d.dropRetries
 		// Workers start on demand, up to the concurrency, and retire
-		// when idle (see scheduler).
+		// when idle (see scheduler); the retry loop with the first retry.
 		c.m.sched.spawn = func() { go d.work() }
 		c.m.sched.wg = &c.m.wg
 		c.m.sched.max = c.m.cfg.concurrency
-		c.m.wg.Add(1)
-		go d.retryLoop()
 	})
 	if err != nil {
 		return errorf("ferry: start consumer: %w", err)
+	}
+	if c.m.cfg.retryOf == "" && c.m.offQueue() {
+		if err := c.ensureRetry(ctx, false); err != nil {
+			c.m.report(err)
+		}
 	}
 	return nil
 }
@@ -129,7 +143,19 @@ func (c *Consumer) createDeadLetter(ctx context.Context) error {
 // handlers that ignore their context, so a handler must not call it. It
 // returns what failed while closing (a final cursor commit, say), joined,
 // and the same again on every later call.
-func (c *Consumer) Close() error { return c.m.close() }
+func (c *Consumer) Close() error {
+	c.retryMu.Lock()
+	c.closing = true
+	c.retryMu.Unlock()
+	err := c.m.close()
+	c.retryMu.Lock()
+	rc := c.retry
+	c.retryMu.Unlock()
+	if rc != nil {
+		err = errors.Join(err, rc.Close())
+	}
+	return err
+}
 
 // Assigned returns the queues the consumer holds now, sorted.
 func (c *Consumer) Assigned() []QueueID { return c.m.assigned() }
@@ -145,7 +171,24 @@ func (c *Consumer) Pause(queues ...QueueID) error {
 	if err := c.m.pause(true, queues); err != nil {
 		return errorf("ferry: pause: %w", err)
 	}
+	c.pauseRetries(true, queues)
 	return nil
+}
+
+// pauseRetries pauses (or resumes) the retries of the given queues, or of
+// every queue when none is given: the same queues of the retry topic.
+func (c *Consumer) pauseRetries(p bool, queues []QueueID) {
+	c.retryMu.Lock()
+	rc := c.retry
+	c.retryMu.Unlock()
+	if rc == nil {
+		return
+	}
+	ids := make([]QueueID, 0, len(queues))
+	for _, q := range queues {
+		ids = append(ids, QueueID{Topic: rc.m.topic, Queue: q.Queue})
+	}
+	_ = rc.m.pause(p, ids) // a queue beyond the retry topic's: nothing to pause
 }
 
 // Resume undoes [Consumer.Pause] for the given queues, or for every queue
@@ -154,6 +197,7 @@ func (c *Consumer) Resume(queues ...QueueID) error {
 	if err := c.m.pause(false, queues); err != nil {
 		return errorf("ferry: resume: %w", err)
 	}
+	c.pauseRetries(false, queues)
 	return nil
 }
 

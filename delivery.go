@@ -102,6 +102,7 @@ const (
 // backoff, and it sends what fails for good to the dead-letter topic.
 type deliverer struct {
 	m *groupMember
+	c *Consumer // retries off the queue go through it; nil: in place (or to its own topic)
 	h Handler
 	// cost is the handler's time per message (ns), a moving average over
 	// the batches the workers time: it sizes batches and decides when a
@@ -112,8 +113,9 @@ type deliverer struct {
 	handled, failed, retried, deadLettered atomic.Uint64
 
 	retryWake chan struct{}
-	mu        sync.Mutex // guards delayed and producer
+	mu        sync.Mutex // guards delayed, looping and producer
 	delayed   retryHeap
+	looping   bool // the retry loop runs
 	producer  *Producer
 }
 
@@ -124,8 +126,9 @@ type retryItem struct {
 	msg     *EnhancedMessage
 	attempt int // the attempt to make; with a cause, the attempts made
 	due     time.Time
-	cause   error // the handler's last error, when the dead letter failed
-	tries   int   // with a cause, the dead-letter send to make, from 2
+	cause   error // the handler's last error, when the dead letter (or the retry write) failed
+	tries   int   // with a cause, the send to make, from 2
+	resend  bool  // with a cause: the write to the retry topic failed, not the dead letter
 }
 
 func newDeliverer(m *groupMember, h Handler) *deliverer {
@@ -201,9 +204,12 @@ func (d *deliverer) work() {
 			}
 			dctx.Context = it.r.hctx
 			var done bool
-			if it.cause != nil {
+			switch {
+			case it.resend:
+				done = d.retryOff(it.r, it.msg, it.attempt, it.cause, it.tries)
+			case it.cause != nil:
 				done = d.deadLetterOrRetry(it.r, it.msg, it.attempt, it.cause, it.tries)
-			} else {
+			default:
 				done = d.handle(dctx, it.r, it.msg, it.attempt)
 			}
 			dctx.flush(d)
@@ -241,7 +247,7 @@ func (d *deliverer) work() {
 					r.buf.abandon(batch[i:n]...)
 					break
 				}
-				if d.handle(dctx, r, msg, 1) {
+				if d.handle(dctx, r, msg, d.firstAttempt(msg)) {
 					finished = append(finished, msg)
 				}
 			}
@@ -332,7 +338,7 @@ func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedM
 			}
 		}
 		d.retried.Add(1)
-		if !d.wait(r, backoff(m.cfg.backoff, m.cfg.maxBackoff, attempt)) {
+		if !d.wait(r, d.retryWait(err, attempt)) {
 			return false
 		}
 	}
@@ -366,7 +372,10 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 		return d.deadLetterOrRetry(r, msg, attempt, err, 1)
 	}
 	d.retried.Add(1)
-	d.schedule(&retryItem{r: r, msg: msg, attempt: attempt + 1, due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, attempt))})
+	if m.offQueue() {
+		return d.retryOff(r, msg, attempt, err, 1)
+	}
+	d.schedule(&retryItem{r: r, msg: msg, attempt: attempt + 1, due: time.Now().Add(d.retryWait(err, attempt))})
 	return false
 }
 
@@ -388,6 +397,7 @@ func (d *deliverer) deadLetterOrRetry(r *queueRun, msg *EnhancedMessage, attempt
 // hooks when there are.
 func (d *deliverer) call(dctx *deliveryCtx, msg *EnhancedMessage, attempt int) error {
 	dctx.d.Attempt = attempt
+	msg = d.view(msg)
 	if hs := d.m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
 		return d.callHooked(hs, dctx, msg)
 	}
@@ -473,6 +483,7 @@ func clip(s string, n int) string {
 // the caller tries again).
 func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, cause error) bool {
 	m := d.m
+	msg = d.view(msg)
 	p, err := d.dlqProducer(r.hctx)
 	var res SendResult
 	if err == nil {
@@ -533,6 +544,11 @@ func (d *deliverer) schedule(it *retryItem) {
 		return
 	}
 	heap.Push(&d.delayed, it)
+	if !d.looping {
+		d.looping = true
+		d.m.wg.Add(1) // a worker calls schedule: the member's count is not zero
+		go d.retryLoop()
+	}
 	d.mu.Unlock()
 	select {
 	case d.retryWake <- struct{}{}:

@@ -69,6 +69,10 @@ type groupMember struct {
 	// dropRetries, set by a push consumer before it starts, abandons the
 	// retries waiting for a queue being released.
 	dropRetries func(r *queueRun)
+	// onChanged, when set, runs in the membership loop after each
+	// membership change (the consumer starts reading its retry topic
+	// once it exists).
+	onChanged func()
 }
 
 // closing reports whether close has begun.
@@ -384,6 +388,9 @@ func (m *groupMember) loop(sess Session) {
 				runs = nil // a broken split: Start does not wait for locks that may never come
 			}
 			settle(runs)
+			if m.onChanged != nil {
+				m.onChanged()
+			}
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -230,11 +231,14 @@ func TestConsumerOrderedReleaseDoesNotWaitOutRetries(t *testing.T) {
 	assert.Equal(t, 1, again.Count("x0"), "the failed message goes to the next owner")
 }
 
-// The same holds in concurrent mode: a message waiting out its retry
-// backoff does not hold a release (Close or rebalance) until the drain
-// timeout; it is left to the next owner, which attempts it again.
+// TestConsumerConcurrentReleaseDoesNotWaitOutRetries: in concurrent mode
+// a failed message waits out its backoff in the group's retry topic, not
+// in its queue: Close waits for neither the backoff nor the drain
+// timeout, and the next consumer of the group gets the message when its
+// backoff ends, as attempt 2 (the count survives the hand-over).
 func TestConsumerConcurrentReleaseDoesNotWaitOutRetries(t *testing.T) {
-	b := newTopic(t, 2)
+	clock := ferrytest.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	b := newTopic(t, 2, ferry.WithClock(clock))
 	failing := make(chan int, 64)
 	h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
 		d, _ := ferry.DeliveryFrom(ctx)
@@ -244,8 +248,8 @@ func TestConsumerConcurrentReleaseDoesNotWaitOutRetries(t *testing.T) {
 		}
 		return errors.New("not yet")
 	})
-	c, err := b.NewConsumer("g", "t", h, ferry.WithConcurrency(4),
-		ferry.WithRetry(1000, time.Hour), ferry.WithDrainTimeout(2*time.Minute)) // longer than the watchdog
+	opts := []ferry.ConsumerOption{ferry.WithConcurrency(4), ferry.WithRetry(1000, time.Hour), ferry.WithDrainTimeout(2 * time.Minute)} // longer than the watchdog
+	c, err := b.NewConsumer("g", "t", h, opts...)
 	require.NoError(t, err)
 	require.NoError(t, c.Start(context.Background()))
 	produce(t, b, "t", "x", 2, 1)
@@ -260,11 +264,25 @@ func TestConsumerConcurrentReleaseDoesNotWaitOutRetries(t *testing.T) {
 		t.Fatal("watchdog: Close waited out the retry backoff")
 	}
 
-	again := newTally(2)
-	startConsumer(t, b, "g", again.handler())
-	again.waitAll(t)
-	assert.Equal(t, 1, again.Count("x0"), "the failed messages go to the next owner")
-	assert.Equal(t, 1, again.Count("x1"))
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	got := make(chan struct{}, 2)
+	startConsumer(t, b, "g", ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		d, _ := ferry.DeliveryFrom(ctx)
+		mu.Lock()
+		attempts[string(m.Body)] = d.Attempt
+		mu.Unlock()
+		got <- struct{}{}
+		return nil
+	}), opts...)
+	require.NoError(t, clock.WaitForTimers(t.Context(), 1)) // the retries' delay level waits on the clock
+	clock.Advance(time.Hour)
+	for range 2 {
+		waitFor(t, got, "a retry")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, map[string]int{"x0": 2, "x1": 2}, attempts, "the next consumer gets each as attempt 2")
 }
 
 // WithMaxRetryBackoff caps the doubling: with the cap equal to the first

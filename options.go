@@ -69,6 +69,8 @@ type consumerConfig struct {
 	onRevoked    func(QueueID)
 	hooks        []Hook
 	autoCommit   bool
+	retryTopic   string // where failures are retried off the queue
+	retryOf      string // for a consumer of a retry topic: the origin topic
 
 	pushOnly []string // push-only options given
 	pullOnly []string // pull-only options given

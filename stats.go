@@ -83,6 +83,16 @@ func (c *Consumer) Stats() ConsumerStats {
 		st.Retried = d.retried.Load()
 		st.DeadLettered = d.deadLettered.Load()
 	}
+	c.retryMu.Lock()
+	rc := c.retry
+	c.retryMu.Unlock()
+	if rc != nil { // its counts, not its queues (see Assigned)
+		rs := rc.Stats()
+		st.Handled += rs.Handled
+		st.Failed += rs.Failed
+		st.Retried += rs.Retried
+		st.DeadLettered += rs.DeadLettered
+	}
 	return st
 }
 

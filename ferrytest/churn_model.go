@@ -450,7 +450,8 @@ func (c *churn) start(group, id string, pull, fragile bool, opts []ferry.Consume
 func (c *churn) handler(group string) ferry.Handler {
 	return ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) (err error) {
 		d, _ := ferry.DeliveryFrom(ctx)
-		call := c.tr.enter(group, d.Member, m.Queue, m.Offset, string(m.Body), d.Attempt, ctx.Done())
+		_, retry := m.Headers[ferry.HeaderAttempts] // from the group's retry topic
+		call := c.tr.enter(group, d.Member, m.Queue, m.Offset, string(m.Body), d.Attempt, retry, ctx.Done())
 		out := outPanic // unless the handler returns
 		defer func() { c.tr.exit(call, out) }()
 		f, work := fateOf(c.seed, bodyID(m.Body))
@@ -504,7 +505,7 @@ func (c *churn) pullLoop(ctx context.Context, m *churnMember) {
 		}
 		calls := make([]*call, len(msgs))
 		for i, msg := range msgs {
-			calls[i] = c.tr.enter(m.group, m.id, msg.Queue, msg.Offset, string(msg.Body), 1, nil)
+			calls[i] = c.tr.enter(m.group, m.id, msg.Queue, msg.Offset, string(msg.Body), 1, false, nil)
 		}
 		// The handling is over once Commit is called: the commit can
 		// let the queue go to the next owner before Commit returns.

@@ -87,6 +87,7 @@ type call struct {
 	queue         int
 	offset        int64
 	attempt       int
+	retry         bool            // a delivery from the retry topic
 	done          <-chan struct{} // the handler context's Done; nil for a pull member
 	abandoned     bool            // the test crash-closed a pull member while it held the message
 }
@@ -249,8 +250,10 @@ func (tr *tracker) next(q int) int64 {
 // enter records that member starts handling (queue, off) for group and
 // checks the instant invariants. done is the handler context's Done (nil
 // for a pull member).
-func (tr *tracker) enter(group, member string, queue int, off int64, body string, attempt int, done <-chan struct{}) *call {
-	c := &call{group: group, member: member, queue: queue, offset: off, attempt: attempt, done: done}
+// retry marks a delivery from the group's retry topic: its queue of that
+// topic has an owner of its own, so it overlaps only with other retries.
+func (tr *tracker) enter(group, member string, queue int, off int64, body string, attempt int, retry bool, done <-chan struct{}) *call {
+	c := &call{group: group, member: member, queue: queue, offset: off, attempt: attempt, retry: retry, done: done}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	c.abandoned = tr.crashing[group+"/"+member]
@@ -276,7 +279,7 @@ func (tr *tracker) enter(group, member string, queue int, off int64, body string
 	for o := range qt.inside {
 		// A stale entering call (see stale-call) is the old owner's, its
 		// queue given up after a drain timeout: not an overlap either.
-		if o.member != member && !o.givenUp() && stale == "" {
+		if o.retry == retry && o.member != member && !o.givenUp() && stale == "" {
 			tr.violateLocked(violOverlap, "group %s queue %d: member %s entered offset %d (attempt %d)%s while member %s is inside offset %d (attempt %d), which no drain timeout gave up; inside now: %v",
 				group, queue, member, off, attempt, stale, o.member, o.offset, o.attempt, insideList(qt))
 		}

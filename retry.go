@@ -1,0 +1,202 @@
+package ferry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"strconv"
+	"time"
+)
+
+// Retries off the queue. In concurrent mode (not [Ordered], not
+// [Broadcast]) a failed message with attempts left is written to the
+// group's retry topic, due after its backoff (a delayed message, see
+// [Message.DeliverAt]), with its attempt count and origin in headers, and
+// its offset finishes at once: its queue flows on, and a rebalance
+// redelivers only what is in flight. The consumer reads the retry topic
+// too, with a second member of the group (started with the first retry,
+// or at Start when the topic exists): the handler gets the message as it
+// was (its Topic, Queue and Offset are the origin's), with the true
+// attempt number in its [Delivery], across owners and restarts.
+
+// RetryTopic returns the name of the topic where a group's retries of
+// topic's messages wait: "%RETRY%<group>%<topic>", or a hash of both when
+// that is not a valid topic name.
+func RetryTopic(group, topic string) string {
+	name := "%RETRY%" + group + "%" + topic
+	if ValidateTopicName(name) == nil {
+		return name
+	}
+	h := fnv.New64a()
+	h.Write([]byte(group))
+	h.Write([]byte{0})
+	h.Write([]byte(topic))
+	return fmt.Sprintf("%%RETRY%%%016x", h.Sum64())
+}
+
+// RetryAfter marks err so that the consumer tries its message again after
+// d, instead of after the [WithRetry] backoff (the attempt still counts).
+// RetryAfter(nil, d) is nil.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &retryAfterError{err: err, d: max(d, 0)}
+}
+
+type retryAfterError struct {
+	err error
+	d   time.Duration
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// retryWait returns the wait before the next attempt after attempt
+// failed with err.
+func (d *deliverer) retryWait(err error, attempt int) time.Duration {
+	var ra *retryAfterError
+	if errors.As(err, &ra) {
+		return ra.d
+	}
+	return backoff(d.m.cfg.backoff, d.m.cfg.maxBackoff, attempt)
+}
+
+// offQueue reports whether failures are retried off the queue.
+func (m *groupMember) offQueue() bool {
+	return !m.cfg.ordered && !m.cfg.broadcast && !m.pull && m.cfg.maxAttempts > 1
+}
+
+// firstAttempt returns the attempt a fetched message makes: 1, or for a
+// message of a retry topic one more than its header says were made.
+func (d *deliverer) firstAttempt(msg *EnhancedMessage) int {
+	if d.m.cfg.retryOf == "" {
+		return 1
+	}
+	n, err := strconv.Atoi(msg.Headers[HeaderAttempts])
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n + 1
+}
+
+// view returns msg as the handler sees it: for a message of a retry
+// topic, a copy with its origin's Topic, Queue and Offset.
+func (d *deliverer) view(msg *EnhancedMessage) *EnhancedMessage {
+	if d.m.cfg.retryOf == "" {
+		return msg
+	}
+	v := *msg
+	v.Topic = d.m.cfg.retryOf
+	if q, err := strconv.Atoi(msg.Headers[HeaderOriginQueue]); err == nil {
+		v.Queue = q
+	}
+	if o, err := strconv.ParseInt(msg.Headers[HeaderOriginOffset], 10, 64); err == nil {
+		v.Offset = o
+	}
+	return &v
+}
+
+// retryOff writes msg, whose attempt failed with cause, to the retry topic
+// due after its wait, and reports whether it went (then msg finishes). If
+// it did not, msg stays unfinished and another try is scheduled.
+func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cause error, try int) bool {
+	m := d.m
+	target := m.cfg.retryTopic
+	err := d.ensureRetry(r.hctx)
+	var t *topicState
+	if err == nil {
+		t, err = m.b.topic(target)
+	}
+	if err == nil {
+		v := d.view(msg)
+		h := make(map[string]string, len(msg.Headers)+7)
+		maps.Copy(h, msg.Headers)
+		if _, ok := h[HeaderOriginTopic]; !ok {
+			h[HeaderOriginTopic] = v.Topic
+			h[HeaderOriginQueue] = strconv.Itoa(v.Queue)
+			h[HeaderOriginOffset] = strconv.FormatInt(v.Offset, 10)
+			h[HeaderOriginID] = v.ID.String()
+		}
+		h[HeaderGroup] = m.group
+		h[HeaderAttempts] = strconv.Itoa(attempt)
+		h[HeaderError] = clip(cause.Error(), maxErrorHeader)
+		em := &EnhancedMessage{
+			Message: Message{Topic: target, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body},
+			ID:      msg.ID, BornTime: msg.BornTime, BornAddress: msg.BornAddress, Producer: msg.Producer,
+		}
+		at := m.b.time.Now().Add(d.retryWait(cause, attempt))
+		_, err = m.b.delay.place(r.hctx, em, QueueID{Topic: target, Queue: v.Queue % t.meta.Queues}, at, true)
+	}
+	if err != nil {
+		m.report(errorf("ferry: retry %s offset %d to %q: %w (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, target, err))
+		d.schedule(&retryItem{r: r, msg: msg, attempt: attempt, cause: cause, tries: try + 1, resend: true,
+			due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, try))})
+		return false
+	}
+	return true
+}
+
+// ensureRetry makes sure the retry topic exists and that the consumer
+// reads it (nothing for a consumer of a retry topic: it writes to its
+// own).
+func (d *deliverer) ensureRetry(ctx context.Context) error {
+	if d.c == nil {
+		return nil
+	}
+	return d.c.ensureRetry(ctx, true)
+}
+
+// ensureRetry starts the consumer's member of its retry topic, creating
+// the topic if create is set (else only if the topic exists), unless it
+// runs or the consumer is closing.
+func (c *Consumer) ensureRetry(ctx context.Context, create bool) error {
+	c.retryMu.Lock()
+	defer c.retryMu.Unlock()
+	if c.retry != nil || c.closing {
+		return nil
+	}
+	m := c.m
+	b := m.b
+	name := m.cfg.retryTopic
+	if _, err := b.topic(name); err != nil {
+		if !errors.Is(err, ErrTopicNotFound) || !create {
+			return nil
+		}
+		t, err := b.topic(m.topic)
+		if err != nil {
+			return err
+		}
+		err = b.CreateTopic(ctx, TopicMeta{Name: name, Queues: t.meta.Queues})
+		if err != nil && !errors.Is(err, ErrTopicExists) {
+			return err
+		}
+	}
+	cfg := *m.cfg
+	cfg.retryOf, cfg.retryTopic = m.topic, name
+	cfg.startFrom = Earliest              // every retry written before it starts
+	cfg.onAssigned, cfg.onRevoked = nil, nil // the user's queues are the topic's
+	rc := &Consumer{m: newGroupMember(b, m.group, name, &cfg), h: c.h}
+	m.mu.Lock() // paused as the consumer's queues are
+	rc.m.pauseAll = m.pauseAll
+	for q, p := range m.paused {
+		if rc.m.paused == nil {
+			rc.m.paused = map[int]bool{}
+		}
+		rc.m.paused[q] = p
+	}
+	m.mu.Unlock()
+	if err := rc.Start(ctx); err != nil {
+		rc.m.mu.Lock()
+		joined := rc.m.state != memberNew
+		rc.m.mu.Unlock()
+		if !joined { // the next retry (or rebalance) tries again
+			_ = rc.Close()
+			return errorf("ferry: start reading retry topic %q: %w", name, err)
+		}
+	}
+	c.retry = rc
+	return nil
+}
