@@ -122,9 +122,9 @@ type level struct {
 	// broker must hold it).
 	starting bool
 	owned    bool
-	epoch uint64 // counts ownerships: an action of an older one is dropped
-	token uint64 // the lease's fencing token
-	read  int64  // the next offset to read
+	epoch    uint64 // counts ownerships: an action of an older one is dropped
+	token    uint64 // the lease's fencing token
+	read     int64  // the next offset to read
 	// front is no later than the action time of any message of the level
 	// not yet handed to the dispatcher (while owned).
 	front time.Time

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry"
-	"github.com/ferrymq/ferry/filestore"
 	"github.com/ferrymq/ferry/ferrytest"
+	"github.com/ferrymq/ferry/filestore"
 )
 
 // receipts records, per message body, when (on the fake clock) the

@@ -176,7 +176,7 @@ func (c *Consumer) ensureRetry(ctx context.Context, create bool) error {
 	}
 	cfg := *m.cfg
 	cfg.retryOf, cfg.retryTopic = m.topic, name
-	cfg.startFrom = Earliest              // every retry written before it starts
+	cfg.startFrom = Earliest                 // every retry written before it starts
 	cfg.onAssigned, cfg.onRevoked = nil, nil // the user's queues are the topic's
 	rc := &Consumer{m: newGroupMember(b, m.group, name, &cfg), h: c.h}
 	m.mu.Lock() // paused as the consumer's queues are
