@@ -9,9 +9,12 @@ import (
 )
 
 // Handler handles one message. A nil error finishes it; an error retries
-// it with backoff (see [WithRetry]) and, after the last attempt or at
-// once for a [Permanent] error, sends it to the group's dead-letter topic.
-// A panic counts as an error.
+// it with backoff (see [WithRetry] and [RetryAfter]; in concurrent mode
+// through the group's retry topic, so the queue flows on) and, after the
+// last attempt or at once for a [Permanent] error, sends it to the
+// group's dead-letter topic. A panic counts as an error. A retried
+// message comes back as it was sent (its Topic, Queue and Offset are the
+// origin's; headers [HeaderAttempts] and the origin's are added).
 //
 // The message is shared with every other group reading the topic and must
 // not be modified. ctx carries the [Delivery] (see [DeliveryFrom]); it is
@@ -34,12 +37,14 @@ func (f HandlerFunc) Handle(ctx context.Context, m *EnhancedMessage) error { ret
 // the queues the group assigns it and calls its [Handler] for each
 // message, at least once. See [Broker.NewConsumer].
 //
-// Start starts goroutines (a fetch loop per owned queue, a committer, a
-// retry timer and the membership loop; handler workers start when there
-// are messages to handle, up to [WithConcurrency], and retire after a
-// second without work, so an idle consumer parks none); Close stops them
-// and returns when they have all returned. A Consumer is safe
-// for concurrent use.
+// Start starts goroutines (a fetch loop per owned queue, a committer and
+// the membership loop; handler workers start when there are messages to
+// handle, up to [WithConcurrency], and retire after a second without
+// work, so an idle consumer parks none; a retry timer starts with the
+// first retry in place, and a second member, reading the group's retry
+// topic, with the first retry off the queue); Close stops them and
+// returns when they have all returned. A Consumer is safe for concurrent
+// use.
 type Consumer struct {
 	m *groupMember
 	h Handler

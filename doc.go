@@ -48,18 +48,26 @@
 // unfinished offset, so a crash or rebalance delivers again every message
 // of the queue from there on: the messages in flight and, in concurrent
 // mode, those after the oldest unfinished one that finished already (at
-// most [WithMaxSpan] of them; a message waiting out a retry's backoff is
-// unfinished, so a release during a backoff redelivers what finished after
-// it). [Ordered] handles a queue's messages one at a time, and no message
-// of a queue reaches a handler, on this member or the next owner, before
-// every lower offset has finished (succeeded or been dead-lettered): a
-// released queue stops handing out messages at once. A failing message is
-// retried with backoff ([WithRetry]; concurrent mode keeps handling the
-// rest, [Ordered] holds its queue), then goes with headers naming its
-// origin to the dead-letter topic ([WithDeadLetter], "%DLQ%<group>" by
-// default); a dead-letter send that fails is tried again with backoff and
-// reported, the message staying unfinished until its dead letter is
-// written. A cursor that fell out of the retained range resets to the
+// most [WithMaxSpan] of them). [Ordered] handles a queue's messages one at
+// a time, and no message of a queue reaches a handler, on this member or
+// the next owner, before every lower offset has finished (succeeded or
+// been dead-lettered): a released queue stops handing out messages at
+// once. A failing message is retried with backoff ([WithRetry],
+// [RetryAfter]), then goes with headers naming its origin to the
+// dead-letter topic ([WithDeadLetter], "%DLQ%<group>" by default). In
+// concurrent mode the retry does not hold the queue: the message is
+// written to the group's retry topic ([RetryTopic]) due after its
+// backoff, its offset finishes, and the consumer gets it from there with
+// its true attempt number, across owners and restarts. [Ordered] (and
+// [Broadcast]) retry in place: the queue waits. A dead-letter (or retry)
+// write that fails is tried again with backoff and reported, the message
+// staying unfinished until it is written.
+//
+// A message with a [Message.DeliverAt] in the future reaches consumers no
+// earlier than that (on the broker's [Clock]) and shortly after; it
+// waits in internal topics ("%DELAY%<n>", see [IsDelayTopic]), so it is as
+// durable as the storage, and memory does not grow with the number
+// waiting. A key's messages with ordered due times arrive in that order. A cursor that fell out of the retained range resets to the
 // oldest retained offset and says so ([WithOnReset], and a Warn log). On a
 // topic with [Block] overflow, the lowest cursor of every group with a
 // committed cursor on the topic releases room for producers (over a cursor

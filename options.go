@@ -152,7 +152,9 @@ func WithTags(tags ...string) ConsumerOption {
 
 // WithRetry sets how many times a message is attempted in all (at least
 // 1) and the wait before the first retry, which doubles on each later one
-// up to [MaxRetryBackoff] (see [WithMaxRetryBackoff]) (push only).
+// up to [MaxRetryBackoff] (see [WithMaxRetryBackoff]) (push only). In
+// concurrent mode the retry waits in the group's retry topic (see
+// [RetryTopic]); with [Ordered] or [Broadcast] it waits in its queue.
 // Default: [DefaultMaxAttempts] and [DefaultRetryBackoff].
 func WithRetry(maxAttempts int, backoff time.Duration) ConsumerOption {
 	return func(c *consumerConfig) {
