@@ -113,20 +113,22 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 		stream: name, subject: s.cfg.prefix + ".q." + name, relSubj: s.cfg.prefix + ".rel." + name,
 		done: make(chan struct{}), wake: make(chan struct{}), released: -1,
 	}
-	h, err := s.js.CreateOrUpdateStream(ctx, s.streamConfig(meta, name, q.subject))
+	h, err := s.openStream(ctx, s.streamConfig(meta, name, q.subject))
 	if err != nil {
 		return nil, fmt.Errorf("ferry: natsstore: open queue %s: stream %s: %w", q.id, name, err)
 	}
 	q.handle = h
-	info, err := h.Info(ctx)
+	info, err := ask(ctx, s.cfg, func(ctx context.Context) (*jetstream.StreamInfo, error) { return h.Info(ctx) })
 	if err != nil {
 		return nil, fmt.Errorf("ferry: natsstore: open queue %s: %w", q.id, err)
 	}
 	q.oldest, q.next = offsetsOf(info.State)
-	cons, err := s.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:   uint64(q.next) + 1,
-		HeadersOnly:   true,
+	cons, err := ask(ctx, s.cfg, func(ctx context.Context) (jetstream.Consumer, error) {
+		return s.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:   uint64(q.next) + 1,
+			HeadersOnly:   true,
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ferry: natsstore: open queue %s: consumer: %w", q.id, err)
