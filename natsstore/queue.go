@@ -534,7 +534,10 @@ func (q *queue) publish(ctx context.Context, out []*nats.Msg) (last int64, dup b
 		h[jetstream.MsgIDHeader] = m.Header[jetstream.MsgIDHeader]
 		cp[i] = &nats.Msg{Subject: m.Subject, Header: h, Data: m.Data}
 	}
-	ack, err := jetstreamext.PublishMsgBatch(ctx, q.s.js, cp)
+	// No flow control: the first message is not a request of its own.
+	// The commit's answer tells the outcome of the whole batch (an
+	// earlier message refused makes it incomplete: nothing stored).
+	ack, err := jetstreamext.PublishMsgBatch(ctx, q.s.js, cp, jetstreamext.BatchFlowControl{})
 	if err != nil {
 		return 0, false, err
 	}
@@ -639,6 +642,7 @@ func isAmbiguous(err error) bool {
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
 		code == jetstreamext.JSErrCodeAtomicPublishTooManyInflight || code == jetstreamext.JSErrCodeBatchPublishTooManyInflight ||
+		code == jetstreamext.JSErrCodeBatchPublishIncomplete /* abandoned: nothing stored */ ||
 		code == 10008 /* cluster not available */
 }
 
