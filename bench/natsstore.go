@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,9 +32,13 @@ import (
 //   - sync: one message at a time, each acknowledged: Producer.Send vs
 //     jetstream.Publish.
 //   - batch: batches of NATSSizes.Batch: Producer.SendBatch (one atomic
-//     batch publish per call) vs PublishAsync with its default window of
-//     4,000 unacknowledged messages, and vs jetstreamext.PublishMsgBatch
-//     (the atomic batch natsstore uses), one batch at a time.
+//     batch publish per call, one call at a time) vs PublishAsync with its
+//     default window of 4,000 unacknowledged messages, and vs
+//     jetstreamext.PublishMsgBatch (the atomic batch natsstore uses), one
+//     batch at a time. Like with like, as many messages in flight: Ferry
+//     with 4,000 ÷ Batch goroutines calling SendBatch at once ("ferry N
+//     senders") beside PublishAsync's 4,000, and one SendBatch at a time
+//     beside PublishAsync with a window of Batch ("nats window=Batch").
 //   - latency: publish → handler, one message in flight (the next sent
 //     once the previous was handled): Send to a consumer group member on
 //     natsstore's coordinator and cursor store vs jetstream.Publish to a
@@ -88,16 +93,31 @@ type NATSReport struct {
 	Took    time.Duration
 }
 
-var natsCaseList = func() []NATSCase {
+// asyncWindow is PublishAsync's default window: the most unacknowledged
+// messages it keeps in flight.
+const asyncWindow = 4000
+
+// Senders returns how many goroutines call SendBatch at once in the
+// "ferry N senders" case: as many messages in flight as PublishAsync's
+// default window.
+func (s NATSSizes) Senders() int { return max(1, asyncWindow/s.Batch) }
+
+// The systems of the batch cases that keep as many messages in flight as
+// the other side.
+func (s NATSSizes) ferrySenders() string { return fmt.Sprintf("ferry %d senders", s.Senders()) }
+func (s NATSSizes) natsWindow() string   { return fmt.Sprintf("nats window=%d", s.Batch) }
+
+func natsstoreCases(s NATSSizes) []NATSCase {
 	var out []NATSCase
 	for _, r := range []int{1, 3} {
 		out = append(out,
 			NATSCase{r, "sync", "ferry"}, NATSCase{r, "sync", "nats"},
 			NATSCase{r, "batch", "ferry"}, NATSCase{r, "batch", "nats"}, NATSCase{r, "batch", "nats atomic batch"},
+			NATSCase{r, "batch", s.ferrySenders()}, NATSCase{r, "batch", s.natsWindow()},
 			NATSCase{r, "latency", "ferry"}, NATSCase{r, "latency", "nats"})
 	}
 	return out
-}()
+}
 
 // RunNATS measures every case s.Runs times: each run starts a server and
 // a 3-node cluster and runs the cases one after the other, Ferry's and
@@ -109,7 +129,7 @@ func RunNATS(ctx context.Context, s NATSSizes, progress io.Writer) (*NATSReport,
 	if progress == nil {
 		progress = io.Discard
 	}
-	rep := &NATSReport{Sizes: s, Cases: natsCaseList, Samples: map[NATSCase][]NATSSample{}}
+	rep := &NATSReport{Sizes: s, Cases: natsstoreCases(s), Samples: map[NATSCase][]NATSSample{}}
 	start := time.Now()
 	seq := 0
 	for run := range s.Runs {
@@ -245,10 +265,15 @@ func (r *rig) measure(ctx context.Context, c NATSCase, s NATSSizes, name string)
 	for i := range body {
 		body[i] = byte('a' + i%26)
 	}
-	if c.System == "ferry" {
-		return r.ferry(ctx, c.Workload, s, name, body)
+	switch c.System {
+	case "ferry":
+		return r.ferry(ctx, c.Workload, 1, s, name, body)
+	case s.ferrySenders():
+		return r.ferry(ctx, c.Workload, s.Senders(), s, name, body)
+	case s.natsWindow():
+		return r.raw(ctx, c.Workload, false, s.Batch, s, name, body)
 	}
-	return r.raw(ctx, c.Workload, c.System == "nats atomic batch", s, name, body)
+	return r.raw(ctx, c.Workload, c.System == "nats atomic batch", asyncWindow, s, name, body)
 }
 
 // natsOpts are the options of the Stores and Coordinators of a case.
@@ -257,8 +282,9 @@ func (r *rig) natsOpts(prefix string) []natsstore.Option {
 	return []natsstore.Option{natsstore.WithPrefix(prefix), natsstore.WithReplicas(r.replicas), natsstore.WithOpTimeout(10 * time.Second)}
 }
 
-// ferry runs one Ferry case over natsstore, prefix name.
-func (r *rig) ferry(ctx context.Context, workload string, s NATSSizes, name string, body []byte) (smp NATSSample, err error) {
+// ferry runs one Ferry case over natsstore, prefix name; senders
+// goroutines call SendBatch at once in the batch case.
+func (r *rig) ferry(ctx context.Context, workload string, senders int, s NATSSizes, name string, body []byte) (smp NATSSample, err error) {
 	st, err := natsstore.Open(ctx, r.js, r.natsOpts(name)...)
 	if err != nil {
 		return smp, err
@@ -295,16 +321,32 @@ func (r *rig) ferry(ctx context.Context, workload string, s NATSSizes, name stri
 		}
 		return NATSSample{Msgs: n, Elapsed: time.Since(start)}, nil
 	case "batch":
-		batch := make([]*ferry.Message, s.Batch)
+		var next atomic.Int64 // messages taken by the senders
+		errs := make([]error, senders)
+		var wg sync.WaitGroup
 		start := time.Now()
-		for sent := 0; sent < n; sent += len(batch) {
-			batch = batch[:min(s.Batch, n-sent)]
-			for i := range batch {
-				batch[i] = &ferry.Message{Topic: "bench", Body: body}
-			}
-			if _, err := p.SendBatch(ctx, batch); err != nil {
-				return smp, err
-			}
+		for k := range senders {
+			wg.Go(func() {
+				batch := make([]*ferry.Message, s.Batch)
+				for {
+					sent := int(next.Add(int64(s.Batch))) - s.Batch
+					if sent >= n {
+						return
+					}
+					batch = batch[:min(s.Batch, n-sent)]
+					for i := range batch {
+						batch[i] = &ferry.Message{Topic: "bench", Body: body}
+					}
+					if _, err := p.SendBatch(ctx, batch); err != nil {
+						errs[k] = err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return smp, err
 		}
 		return NATSSample{Msgs: n, Elapsed: time.Since(start)}, nil
 	}
@@ -331,8 +373,9 @@ func (r *rig) ferry(ctx context.Context, workload string, s NATSSizes, name stri
 	})
 }
 
-// raw runs one raw nats.go case on a stream of its own.
-func (r *rig) raw(ctx context.Context, workload string, atomicBatch bool, s NATSSizes, name string, body []byte) (smp NATSSample, err error) {
+// raw runs one raw nats.go case on a stream of its own; PublishAsync
+// keeps at most window messages unacknowledged.
+func (r *rig) raw(ctx context.Context, workload string, atomicBatch bool, window int, s NATSSizes, name string, body []byte) (smp NATSSample, err error) {
 	subject := name + ".raw"
 	stream, err := r.js.CreateStream(ctx, jetstream.StreamConfig{
 		Name: name + "_raw", Subjects: []string{subject}, Storage: jetstream.FileStorage, Replicas: r.replicas,
@@ -369,17 +412,23 @@ func (r *rig) raw(ctx context.Context, workload string, atomicBatch bool, s NATS
 			}
 			return NATSSample{Msgs: n, Elapsed: time.Since(start)}, nil
 		}
+		js := r.js
+		if window != asyncWindow {
+			if js, err = jetstream.New(r.nc, jetstream.WithPublishAsyncMaxPending(window)); err != nil {
+				return smp, err
+			}
+		}
 		var failed atomic.Int64
 		futures := make([]jetstream.PubAckFuture, 0, n)
 		for range n {
-			f, err := r.js.PublishAsync(subject, body, jetstream.WithStallWait(s.Timeout))
+			f, err := js.PublishAsync(subject, body, jetstream.WithStallWait(s.Timeout))
 			if err != nil {
 				return smp, err
 			}
 			futures = append(futures, f)
 		}
 		select {
-		case <-r.js.PublishAsyncComplete():
+		case <-js.PublishAsyncComplete():
 		case <-ctx.Done():
 			return smp, fmt.Errorf("waiting for async publish acks: %w", ctx.Err())
 		}
@@ -503,6 +552,10 @@ func (rep *NATSReport) Ratios() []NATSRatio {
 			NATSRatio{fmt.Sprintf("R%d sync: Ferry Send time/msg ÷ js.Publish", r), "≤ 1.5", per(f("sync"), n("sync"), nsRatio)},
 			NATSRatio{fmt.Sprintf("R%d batch: Ferry SendBatch rate ÷ PublishAsync", r), map[int]string{1: "", 3: "≥ 0.8"}[r], per(f("batch"), n("batch"), rateRatio)},
 			NATSRatio{fmt.Sprintf("R%d batch: Ferry SendBatch rate ÷ atomic PublishMsgBatch", r), "", per(f("batch"), NATSCase{r, "batch", "nats atomic batch"}, rateRatio)},
+			NATSRatio{fmt.Sprintf("R%d batch, %d in flight each: Ferry %d senders ÷ PublishAsync", r, asyncWindow, rep.Sizes.Senders()), map[int]string{1: "", 3: "≥ 0.8"}[r],
+				per(NATSCase{r, "batch", rep.Sizes.ferrySenders()}, n("batch"), rateRatio)},
+			NATSRatio{fmt.Sprintf("R%d batch, %d in flight each: Ferry SendBatch ÷ PublishAsync window=%d", r, rep.Sizes.Batch, rep.Sizes.Batch), "",
+				per(f("batch"), NATSCase{r, "batch", rep.Sizes.natsWindow()}, rateRatio)},
 			NATSRatio{fmt.Sprintf("R%d latency p50: Ferry ÷ js.Publish → Consume", r), "≤ 1.5", per(f("latency"), n("latency"), p50)},
 			NATSRatio{fmt.Sprintf("R%d latency p99: Ferry ÷ js.Publish → Consume", r), "", per(f("latency"), n("latency"), p99)},
 		)

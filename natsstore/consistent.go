@@ -20,22 +20,23 @@ import (
 // leader which subjects hold messages, then gets each key from it.
 
 // leaderReads switches direct gets off on the bucket of kv when it is
-// replicated, and returns the bucket bound again.
-func leaderReads(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue) (jetstream.KeyValue, error) {
+// replicated (a bucket made before leaderKVConfig, with them on), and
+// returns the bucket bound again.
+func leaderReads(ctx context.Context, js jetstream.JetStream, c config, kv jetstream.KeyValue) (jetstream.KeyValue, error) {
 	name := "KV_" + kv.Bucket()
-	st, err := js.Stream(ctx, name)
+	st, err := ask(ctx, c, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
 	if err != nil {
 		return nil, err
 	}
-	cfg := st.CachedInfo().Config
-	if cfg.Replicas <= 1 || !cfg.AllowDirect {
+	sc := st.CachedInfo().Config
+	if sc.Replicas <= 1 || !sc.AllowDirect {
 		return kv, nil
 	}
-	cfg.AllowDirect = false
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+	sc.AllowDirect = false
+	if _, err := ask(ctx, c, func(ctx context.Context) (jetstream.Stream, error) { return js.UpdateStream(ctx, sc) }); err != nil {
 		return nil, fmt.Errorf("switch off direct gets of %s: %w", name, err)
 	}
-	return js.KeyValue(ctx, kv.Bucket())
+	return ask(ctx, c, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, kv.Bucket()) })
 }
 
 // liveEntries returns the live entries of kv whose keys match filter, as

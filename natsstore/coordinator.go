@@ -78,11 +78,11 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 		name string
 		kv   *jetstream.KeyValue
 	}{{"members", &c.members}, {"locks", &c.locks}} {
-		kv, err := bucket(ctx, js, cfg, b.name, true)
+		kv, err := bucket(ctx, js, cfg, b.name, true, false)
 		if err != nil {
 			return nil, err
 		}
-		st, err := kv.Status(ctx)
+		st, err := ask(ctx, cfg, kv.Status)
 		if err != nil {
 			return nil, fmt.Errorf("ferry: natsstore: coordinator: bucket %s: %w", b.name, err)
 		}

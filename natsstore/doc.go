@@ -12,11 +12,14 @@
 //     publish (at most [MaxBatch]), every message carrying its
 //     [ferry.MessageID] as Nats-Msg-Id so that a retried write is not
 //     stored twice (see the Write doc of the queues [Store.OpenQueue]
-//     returns). Reads are direct batch gets; a reader at the end waits for
-//     an ordered consumer of the stream's headers to see the next message,
-//     and asks the stream's leader every second in case that consumer
-//     missed it (when its stream's leader was killed, readers that relied
-//     on it alone handled again after up to 10 s, against 7 s).
+//     returns). Reads are direct batch gets. While readers wait at a
+//     queue's end, an ordered consumer of its stream (the tail) is pushed
+//     each new message and hands it to the reader it wakes, with no get;
+//     it stops 10 s after the last reader waited, so a process that only
+//     writes is pushed nothing. A waiting reader also asks the stream's
+//     leader every second in case the tail missed a message (when its
+//     stream's leader was killed, readers that relied on the consumer
+//     alone handled again after up to 10 s, against 7 s).
 //   - Retention maps to MaxMsgs, MaxBytes and MaxAge with discard-old;
 //     [ferry.Block] to discard-new, plus a purge below the offset a
 //     [ferry.Releaser] releases. JetStream counts bytes its own way
@@ -57,7 +60,6 @@
 //     on R3, a replication (measured in the research notes this package
 //     follows: an acknowledged publish p50 32 µs on one server, 131 µs on
 //     three; a KV compare-and-set 26 / 88 µs). Offsets asks the server.
-//     Each open queue runs an ordered consumer of its stream's headers.
 //   - A write whose stream leader goes away is tried again (each try
 //     bounded by [WithOpTimeout]) with the same message IDs, so it is
 //     stored once; a crashed leader stalls writes for the Raft election

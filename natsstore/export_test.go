@@ -20,3 +20,17 @@ func RenewApplied(c *Coordinator, key, member string, rev uint64) (nrev uint64, 
 	nrev, o := c.applied(c.locks, key, member, rev, time.Now().Add(c.cfg.opTimeout))
 	return nrev, o == renewApplied, o == renewRefused
 }
+
+// TailHolds reports whether the tail of q (a queue of this package)
+// holds the message at offset.
+func TailHolds(q ferry.Queue, offset int64) bool {
+	qq := q.(*queue)
+	qq.mu.Lock()
+	defer qq.mu.Unlock()
+	for _, e := range qq.tail {
+		if int64(e.seq)-1 == offset {
+			return true
+		}
+	}
+	return false
+}

@@ -135,7 +135,15 @@ func TestProcessKill(t *testing.T) {
 	require.NoError(t, err)
 	w, err := locks.Watch(ctx, "billing.orders.*")
 	require.NoError(t, err)
-	defer w.Stop()
+	defer func() {
+		// Read only while waiting, the watch falls behind the lock
+		// renewals; past 256 updates its delivery goroutine blocks,
+		// and stays blocked after Stop unless the channel is drained
+		// (until the watch closes it).
+		_ = w.Stop()
+		for range w.Updates() {
+		}
+	}()
 	held := make([]string, queues)
 	count := func(hs []string, m string) int {
 		k := 0

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferrymq/ferry"
@@ -34,21 +35,27 @@ type queue struct {
 	subject string
 	relSubj string
 	handle  jetstream.Stream
+	sc      jetstream.StreamConfig // as asked for at open
 
-	done chan struct{} // closed by Close
-	once sync.Once
-	wg   sync.WaitGroup // the purger
+	done   chan struct{} // closed by Close
+	ctx    context.Context
+	cancel context.CancelFunc // cancels ctx: Close
+	once   sync.Once
+	wg     sync.WaitGroup // the tailer and the purger
 
-	cons     jetstream.ConsumeContext // wakes readers
-	relSub   *nats.Subscription       // Block: wakes writers when released
-	relWake  chan struct{}            // Block: a release happened (1-buffered)
-	purgeReq chan struct{}            // Block: purge up to released (1-buffered)
+	tailWant chan struct{}      // a Read waits at the end (1-buffered)
+	waited   atomic.Int64       // unix ns of the last Read that waited at the end
+	relSub   *nats.Subscription // Block: wakes writers when released
+	relWake  chan struct{}      // Block: a release happened (1-buffered)
+	purgeReq chan struct{}      // Block: purge up to released (1-buffered)
 
 	mu       sync.Mutex // guards the fields below
 	oldest   int64
 	next     int64
 	wake     chan struct{} // closed and replaced when next grows
 	released int64
+	tail     []tailEntry // the tail's latest messages, by sequence (tail.go)
+	tailGen  uint64      // the tail's generation: pushes of another are not kept
 }
 
 var (
@@ -93,8 +100,9 @@ func (s *Store) streamConfig(meta ferry.TopicMeta, name, subject string) jetstre
 }
 
 // OpenQueue implements [ferry.Storage]: it creates the queue's stream if
-// absent (updating its limits to meta's otherwise) and starts an ordered
-// consumer of the stream's headers that wakes blocked readers.
+// absent (updating its limits to meta's otherwise). The queue's goroutine
+// runs an ordered consumer of the stream while Reads wait at its end
+// (tail.go).
 func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (ferry.Queue, error) {
 	if err := meta.Validate(); err != nil {
 		return nil, fmt.Errorf("ferry: natsstore: open queue: %w", err)
@@ -111,41 +119,30 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 	q := &queue{
 		s: s, id: ferry.QueueID{Topic: meta.Name, Queue: i}, meta: meta.Normalized(),
 		stream: name, subject: s.cfg.prefix + ".q." + name, relSubj: s.cfg.prefix + ".rel." + name,
-		done: make(chan struct{}), wake: make(chan struct{}), released: -1,
+		done: make(chan struct{}), wake: make(chan struct{}), released: -1, tailWant: make(chan struct{}, 1),
 	}
-	h, err := s.js.CreateOrUpdateStream(ctx, s.streamConfig(meta, name, q.subject))
+	q.sc = s.streamConfig(meta, name, q.subject)
+	h, err := s.openStream(ctx, q.sc)
 	if err != nil {
 		return nil, fmt.Errorf("ferry: natsstore: open queue %s: stream %s: %w", q.id, name, err)
 	}
 	q.handle = h
-	info, err := h.Info(ctx)
+	info, err := ask(ctx, s.cfg, func(ctx context.Context) (*jetstream.StreamInfo, error) { return h.Info(ctx) })
 	if err != nil {
 		return nil, fmt.Errorf("ferry: natsstore: open queue %s: %w", q.id, err)
 	}
 	q.oldest, q.next = offsetsOf(info.State)
-	cons, err := s.js.OrderedConsumer(ctx, name, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:   uint64(q.next) + 1,
-		HeadersOnly:   true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: open queue %s: consumer: %w", q.id, err)
-	}
-	if q.cons, err = cons.Consume(func(m jetstream.Msg) {
-		if md, err := m.Metadata(); err == nil {
-			q.advance(int64(md.Sequence.Stream))
-		}
-	}); err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: open queue %s: consume: %w", q.id, err)
-	}
 	if q.meta.Retention.Overflow == ferry.Block {
 		q.relWake = make(chan struct{}, 1)
 		q.purgeReq = make(chan struct{}, 1)
 		q.relSub, err = s.js.Conn().Subscribe(q.relSubj, func(*nats.Msg) { signal(q.relWake) })
 		if err != nil {
-			q.stopConsumer()
 			return nil, fmt.Errorf("ferry: natsstore: open queue %s: subscribe: %w", q.id, err)
 		}
+	}
+	q.ctx, q.cancel = context.WithCancel(context.Background())
+	q.wg.Go(q.tailer)
+	if q.purgeReq != nil {
 		q.wg.Go(q.purger)
 	}
 	s.mu.Lock()
@@ -178,6 +175,11 @@ func signal(ch chan struct{}) {
 func (q *queue) advance(next int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.advanceLocked(next)
+}
+
+// advanceLocked is advance; q.mu is held.
+func (q *queue) advanceLocked(next int64) {
 	if next > q.next {
 		q.next = next
 		close(q.wake)
@@ -239,8 +241,9 @@ func (q *queue) refresh(ctx context.Context) error {
 	return nil
 }
 
-// Read implements [ferry.Queue]: a direct batch get from offset on; at
-// the end it waits for the ordered consumer to see a new message.
+// Read implements [ferry.Queue]: what the tail was just pushed from
+// offset on, or a direct batch get; at the end it waits for the tail to
+// be pushed a new message.
 func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
 	if q.isClosed() {
 		return 0, fmt.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
@@ -261,6 +264,9 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 		q.mu.Unlock()
 		switch {
 		case offset < next:
+			if n := q.fromTail(offset, dst); n > 0 {
+				return n, nil
+			}
 			n, err := q.get(ctx, offset, dst)
 			if err != nil || n > 0 {
 				return n, err
@@ -295,10 +301,12 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 		case offset > next:
 			return 0, fmt.Errorf("ferry: natsstore: read %s at %d beyond %d: %w", q.id, offset, next, ferry.ErrOffsetOutOfRange)
 		}
-		// The ordered consumer wakes us; in case it missed a message (its
-		// stream's leader died: it notices only when heartbeats stop, and
-		// its recreation can fail while no leader is elected) ask the
-		// leader every idleRefresh too.
+		// The tail wakes us (started now if it is not running); in case
+		// it missed a message (its stream's leader died: it notices only
+		// when heartbeats stop, and its recreation can fail while no
+		// leader is elected) ask the leader every idleRefresh too.
+		q.waited.Store(time.Now().UnixNano())
+		signal(q.tailWant)
 		poll := time.NewTimer(idleRefresh)
 		select {
 		case <-wake:
@@ -316,8 +324,8 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 }
 
 // A Read waiting at the end of its queue asks the stream's leader for its
-// last sequence every idleRefresh, in case the ordered consumer that
-// wakes it missed a message.
+// last sequence every idleRefresh, in case the tail that wakes it missed
+// a message.
 const idleRefresh = time.Second
 
 // A Read that finds nothing where the stream's leader says a message is
@@ -532,7 +540,10 @@ func (q *queue) publish(ctx context.Context, out []*nats.Msg) (last int64, dup b
 		h[jetstream.MsgIDHeader] = m.Header[jetstream.MsgIDHeader]
 		cp[i] = &nats.Msg{Subject: m.Subject, Header: h, Data: m.Data}
 	}
-	ack, err := jetstreamext.PublishMsgBatch(ctx, q.s.js, cp)
+	// No flow control: the first message is not a request of its own.
+	// The commit's answer tells the outcome of the whole batch (an
+	// earlier message refused makes it incomplete: nothing stored).
+	ack, err := jetstreamext.PublishMsgBatch(ctx, q.s.js, cp, jetstreamext.BatchFlowControl{})
 	if err != nil {
 		return 0, false, err
 	}
@@ -637,6 +648,7 @@ func isAmbiguous(err error) bool {
 		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
 		code == jetstreamext.JSErrCodeAtomicPublishTooManyInflight || code == jetstreamext.JSErrCodeBatchPublishTooManyInflight ||
+		code == jetstreamext.JSErrCodeBatchPublishIncomplete /* abandoned: nothing stored */ ||
 		code == 10008 /* cluster not available */
 }
 
@@ -677,19 +689,12 @@ func (q *queue) purger() {
 	}
 }
 
-func (q *queue) stopConsumer() {
-	if q.cons != nil {
-		q.cons.Stop()
-		<-q.cons.Closed()
-	}
-}
-
 // Close implements [ferry.Queue]: blocked reads and writes return
 // [ferry.ErrClosed]; it waits for the queue's goroutines. Idempotent.
 func (q *queue) Close() error {
 	q.once.Do(func() {
 		close(q.done)
-		q.stopConsumer()
+		q.cancel()
 		if q.relSub != nil {
 			_ = q.relSub.Unsubscribe()
 		}

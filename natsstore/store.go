@@ -54,14 +54,14 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 	s := &Store{cfg: cfg, js: js, queues: map[*queue]struct{}{}}
 	ctx, cancel := cfg.bound(ctx)
 	defer cancel()
-	if s.topics, err = bucket(ctx, js, cfg, "topics", false); err != nil {
+	if s.topics, err = bucket(ctx, js, cfg, "topics", false, true); err != nil {
 		return nil, err
 	}
-	if s.cursors, err = bucket(ctx, js, cfg, "cursors", false); err != nil {
+	if s.cursors, err = bucket(ctx, js, cfg, "cursors", false, true); err != nil {
 		return nil, err
 	}
 	for _, kv := range []*jetstream.KeyValue{&s.topics, &s.cursors} {
-		if *kv, err = leaderReads(ctx, js, *kv); err != nil {
+		if *kv, err = leaderReads(ctx, js, cfg, *kv); err != nil {
 			return nil, fmt.Errorf("ferry: natsstore: open: %w", err)
 		}
 	}
@@ -74,31 +74,6 @@ func (c config) bound(ctx context.Context) (context.Context, context.CancelFunc)
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, c.opTimeout)
-}
-
-// bucket opens (creating if absent) the bucket "<prefix>_<name>".
-func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string, ttl bool) (jetstream.KeyValue, error) {
-	full := cfg.prefix + "_" + name
-	kv, err := js.KeyValue(ctx, full)
-	if err == nil {
-		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("ferry: natsstore: bucket %s: %w", full, err)
-	}
-	kcfg := jetstream.KeyValueConfig{Bucket: full, Replicas: cfg.replicas, Storage: cfg.storage, History: 1}
-	if ttl {
-		kcfg.TTL = cfg.ttl
-		kcfg.LimitMarkerTTL = cfg.ttl
-	}
-	kv, err = js.CreateKeyValue(ctx, kcfg)
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, full) // another process made it first
-	}
-	if err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: create bucket %s: %w", full, err)
-	}
-	return kv, nil
 }
 
 func (s *Store) isClosed() bool {

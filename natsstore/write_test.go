@@ -95,3 +95,37 @@ func TestOptions(t *testing.T) {
 	_, err := natsstore.Open(context.Background(), nil)
 	require.ErrorIs(t, err, ferry.ErrInvalidOption)
 }
+
+// TestBatchFull: a batch that does not fit a full Block queue is
+// ErrQueueFull from TryWrite and stores nothing, on one server and on
+// three (the batch's outcome comes with its commit: its first message
+// is not acknowledged on its own).
+func TestBatchFull(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cl   func(testing.TB) *cluster
+	}{{"Single", singleServer}, {"Cluster", tripleServer}} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.name == "Cluster" && testing.Short() {
+				t.Skip("-short: no cluster")
+			}
+			ctx := t.Context()
+			st := openStore(t, c.cl(t), fmt.Sprintf("bf%d", fresh.Add(1)))
+			defer st.Close()
+			meta := ferry.TopicMeta{Name: "orders", Queues: 1, Retention: ferry.Retention{MaxMessages: 4, Overflow: ferry.Block}}
+			q, err := st.OpenQueue(ctx, meta, 0)
+			require.NoError(t, err)
+			defer q.Close()
+			_, err = q.Write(ctx, newMsgs("orders", 3))
+			require.NoError(t, err)
+			_, err = q.(ferry.TryWriter).TryWrite(newMsgs("orders", 2))
+			require.ErrorIs(t, err, ferry.ErrQueueFull)
+			oldest, next := q.Offsets()
+			require.Equal(t, int64(0), oldest)
+			require.Equal(t, int64(3), next, "nothing of the refused batch stored")
+			first, err := q.Write(ctx, newMsgs("orders", 1))
+			require.NoError(t, err)
+			require.Equal(t, int64(3), first)
+		})
+	}
+}

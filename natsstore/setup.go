@@ -1,0 +1,131 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Setting up: the streams and buckets a Store and a Coordinator bind or
+// create, in many processes at once.
+//
+// JetStream answers no one for some requests about a replicated stream
+// that is being created: an info that reaches no member of its group yet
+// (seen: a bind of a bucket another process was creating waited 30 s), an
+// update proposed before the group has elected its leader. So set-up
+// requests are asked in tries of at most setupTry, again while a try goes
+// unanswered, until the caller's context ends; they are creates of the
+// same configuration and reads, which are safe to repeat. And nothing is
+// updated right after it is created: a stream is created first and
+// updated only if its configuration differs, and a bucket read from its
+// leader is created with direct gets off.
+
+// setupTry bounds one try of a set-up request. A create of a new R3
+// stream takes tens of milliseconds (a Raft election); a try cut short
+// is asked again, and a create of an existing stream with the same
+// configuration is answered at once.
+const setupTry = time.Second
+
+// ask calls f with ctx bounded by setupTry (and by the op timeout when
+// ctx has no deadline) until it is answered or ctx ends.
+func ask[T any](ctx context.Context, cfg config, f func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := cfg.bound(ctx)
+	defer cancel()
+	for {
+		tctx, tcancel := context.WithTimeout(ctx, setupTry)
+		v, err := f(tctx)
+		tcancel()
+		if err == nil || !unanswered(err) || ctx.Err() != nil {
+			return v, err
+		}
+		select {
+		case <-time.After(retryBackoff):
+		case <-ctx.Done():
+			return v, err
+		}
+	}
+}
+
+// unanswered: a request no server answered, or answered only that it
+// could not tell yet (no leader).
+func unanswered(err error) bool {
+	code, _ := apiCode(err)
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) ||
+		code == 10008 /* cluster not available */ || code == 10118 /* stream offline */
+}
+
+// bucket opens (creating if absent) the bucket "<prefix>_<name>". A
+// bucket read from its leader (leader: topics, cursors) is made with
+// direct gets off when replicated (see leaderKVConfig).
+func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string, ttl, leader bool) (jetstream.KeyValue, error) {
+	full := cfg.prefix + "_" + name
+	bind := func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, full) }
+	kv, err := ask(ctx, cfg, bind)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("ferry: natsstore: bucket %s: %w", full, err)
+	}
+	kc := jetstream.KeyValueConfig{Bucket: full, Replicas: cfg.replicas, Storage: cfg.storage, History: 1}
+	if ttl {
+		kc.TTL = cfg.ttl
+		kc.LimitMarkerTTL = cfg.ttl
+	}
+	if leader && cfg.replicas > 1 {
+		_, err = ask(ctx, cfg, func(ctx context.Context) (jetstream.Stream, error) {
+			return js.CreateStream(ctx, leaderKVConfig(kc))
+		})
+		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			kv, err = ask(ctx, cfg, bind) // made now, or before by another version
+		}
+	} else {
+		kv, err = ask(ctx, cfg, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, kc) })
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = ask(ctx, cfg, bind) // another process made it first
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ferry: natsstore: create bucket %s: %w", full, err)
+	}
+	return kv, nil
+}
+
+// leaderKVConfig is the stream jetstream's CreateKeyValue makes for kc
+// (nats.go v1.55; no TTL, mirror or sources), with direct gets off.
+// Made so, a bucket needs no update after its creation.
+func leaderKVConfig(kc jetstream.KeyValueConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              "KV_" + kc.Bucket,
+		Subjects:          []string{"$KV." + kc.Bucket + ".>"},
+		MaxMsgsPerSubject: int64(max(kc.History, 1)),
+		MaxBytes:          -1,
+		MaxMsgSize:        -1,
+		Storage:           kc.Storage,
+		Replicas:          max(kc.Replicas, 1),
+		AllowRollup:       true,
+		DenyDelete:        true,
+		Duplicates:        2 * time.Minute,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		AllowDirect:       false,
+		Discard:           jetstream.DiscardNew,
+	}
+}
+
+// openStream creates a queue's stream, or updates the stream there when
+// its configuration differs (a topic's retention changed). Create comes
+// first: CreateOrUpdateStream updates first, and an update of a stream
+// another process has just created can go unanswered.
+func (s *Store) openStream(ctx context.Context, sc jetstream.StreamConfig) (jetstream.Stream, error) {
+	h, err := ask(ctx, s.cfg, func(ctx context.Context) (jetstream.Stream, error) { return s.js.CreateStream(ctx, sc) })
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		h, err = ask(ctx, s.cfg, func(ctx context.Context) (jetstream.Stream, error) { return s.js.UpdateStream(ctx, sc) })
+	}
+	return h, err
+}
