@@ -330,7 +330,8 @@ func (b *Broker) Queue(topic string, i int) (ReadableQueue, error) {
 // [ErrGroupActive], and nothing changes; a group that never read topic is
 // left as it is. A consumer made with [Broadcast] and no [WithMemberID]
 // forgets its own progress on Close, as its generated ID can never come
-// back.
+// back. The group's retry topic for topic (see [RetryTopic]), with the
+// retries waiting in it, is deleted too, where the storage can.
 func (b *Broker) ForgetGroup(group, topic string) error {
 	t, err := b.topic(topic)
 	if err != nil {
@@ -341,6 +342,13 @@ func (b *Broker) ForgetGroup(group, topic string) error {
 	}
 	if err := b.groups.forget(context.Background(), t, group); err != nil {
 		return errorf("ferry: forget group: %w", err)
+	}
+	if _, ok := b.storage.(TopicDeleter); ok {
+		if _, err := b.topic(RetryTopic(group, topic)); err == nil {
+			if err := b.DeleteTopic(context.Background(), RetryTopic(group, topic), false); err != nil {
+				return errorf("ferry: forget group: retry topic: %w", err)
+			}
+		}
 	}
 	return nil
 }

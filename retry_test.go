@@ -303,3 +303,29 @@ func TestRetryOrderedStaysInPlace(t *testing.T) {
 	_, ok := b.Topic(ferry.RetryTopic("g", "t"))
 	assert.False(t, ok, "no retry topic in ordered mode")
 }
+
+// TestForgetGroupDeletesItsRetries: a forgotten group's retries go with
+// it: a group of that name that comes back does not get them.
+func TestForgetGroupDeletesItsRetries(t *testing.T) {
+	clock := ferrytest.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	b := newTopic(t, 1, ferry.WithClock(clock))
+	log := newAttemptLog(clock, func(string, int) error { return errors.New("fails") })
+	c, err := b.NewConsumer("g", "t", log.handler(), ferry.WithRetry(3, time.Minute))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(t.Context()))
+	produce(t, b, "t", "f", 1, 1)
+	ferrytest.WaitFor(t, 0, "the first attempt's retry", func() bool { return c.Stats().Retried == 1 }, nil)
+	require.NoError(t, c.Close())
+	_, ok := b.Topic(ferry.RetryTopic("g", "t"))
+	require.True(t, ok)
+	require.NoError(t, b.ForgetGroup("g", "t"))
+	_, ok = b.Topic(ferry.RetryTopic("g", "t"))
+	assert.False(t, ok, "the retry topic is gone")
+
+	again := newAttemptLog(clock, func(string, int) error { return nil })
+	startConsumer(t, b, "g", again.handler(), ferry.WithStartFrom(ferry.Latest))
+	clock.Advance(time.Hour)
+	produce(t, b, "t", "n", 1, 1)
+	ferrytest.WaitFor(t, 0, "the new message", func() bool { return again.distinct() == 1 }, again.wake)
+	assert.Empty(t, again.seen("f0"), "the forgotten group's retry came back")
+}
