@@ -31,6 +31,11 @@ type groupMember struct {
 	rerun   chan struct{} // a run ended on its own (its lease lost, its lock failed): take its queue again
 	sched   scheduler
 	dirty   chan struct{} // something may be committable
+	// committing is set once the committer runs: it starts with the
+	// first markDirty (an idle consumer keeps no committer), unless the
+	// member halted (halted, under mu).
+	committing atomic.Bool
+	halted     bool
 	// life ends when close begins (stop is its Done): everything is
 	// released; it bounds the coordinator calls made on the member's
 	// behalf.
@@ -180,9 +185,8 @@ func (m *groupMember) join(ctx context.Context, spawn func()) error {
 	if spawn != nil {
 		spawn() // before the loop, which may release queues at once
 	}
-	m.wg.Add(2)
+	m.wg.Add(1)
 	go m.loop(sess)
-	go m.committer()
 	m.mu.Unlock()
 	return nil
 }
@@ -360,6 +364,9 @@ func (m *groupMember) loop(sess Session) {
 		}
 		settle(nil)
 		m.sched.halt() // no worker starts from now on
+		m.mu.Lock()
+		m.halted = true // no committer starts either
+		m.mu.Unlock()
 		close(m.halt)
 		m.markDirty()
 	}()
@@ -633,24 +640,66 @@ func (m *groupMember) recordCommit(d time.Duration) {
 	m.commitCost.Store(old + (int64(d)-old)/2)
 }
 
-// markDirty wakes the committer.
+// markDirty wakes the committer, starting it the first time.
 func (m *groupMember) markDirty() {
 	select {
 	case m.dirty <- struct{}{}:
 	default:
 	}
+	if !m.committing.Load() {
+		m.mu.Lock()
+		if !m.committing.Load() && !m.halted && m.state == memberStarted {
+			m.committing.Store(true)
+			m.wg.Add(1) // before halted is set, the membership loop holds the count above zero
+			go m.committer()
+		}
+		m.mu.Unlock()
+	}
+}
+
+// retire ends an idle committer, unless a markDirty came meanwhile that
+// saw it running (then it goes on: true). markDirty marks dirty and then
+// reads committing; retire clears committing and then reads dirty, so one
+// of the two sees the other.
+func (m *groupMember) retire() bool {
+	m.committing.Store(false)
+	select {
+	case <-m.dirty:
+	default:
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.committing.Load() || m.halted {
+		select { // another committer took over, or none is needed
+		case m.dirty <- struct{}{}:
+		default:
+		}
+		return false
+	}
+	m.committing.Store(true)
+	return true
 }
 
 // committer commits the cursors of owned queues whenever they may have
-// moved, until every queue is released.
+// moved, until every queue is released or it has been idle for
+// workerIdle (the next markDirty starts it again).
 func (m *groupMember) committer() {
 	defer m.wg.Done()
 	var runs []*queueRun
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
 	for {
 		select {
 		case <-m.dirty:
+			idle.Reset(workerIdle)
 		case <-m.halt:
 			return // every run committed its last offset on release
+		case <-idle.C:
+			if !m.retire() {
+				return
+			}
+			idle.Reset(workerIdle)
 		}
 		m.mu.Lock()
 		runs = runs[:0]

@@ -8,8 +8,14 @@ import (
 	"time"
 )
 
-// maxFetchBatch bounds the messages one Read fetches.
-const maxFetchBatch = 256
+// maxFetchBatch bounds the messages one Read fetches; a fetch loop
+// starts with room for minFetchBatch and doubles it each time a Read
+// fills it, so an idle queue's loop holds 128 bytes, not 2 KiB (10,000
+// idle consumers: 20 MB).
+const (
+	maxFetchBatch = 256
+	minFetchBatch = 16
+)
 
 // readErrorBackoff is the wait before a fetch retries after a read error
 // other than a reset (a disk error, say).
@@ -254,7 +260,8 @@ func (r *queueRun) resetTo(from, oldest, next int64) int64 {
 // fetch reads batches from the queue into the buffer until released.
 func (r *queueRun) fetch() {
 	m := r.m
-	scratch := make([]*EnhancedMessage, min(maxFetchBatch, max(1, r.buf.highMsgs)))
+	limit := min(maxFetchBatch, max(1, r.buf.highMsgs))
+	scratch := make([]*EnhancedMessage, min(minFetchBatch, limit))
 	fctx := r.fetchContext()
 	for {
 		select {
@@ -348,6 +355,9 @@ func (r *queueRun) fetch() {
 			m.markDirty() // all filtered out: the cursor moves without a handler
 		}
 		clear(scratch[:n])
+		if n == len(scratch) && n < limit { // a backlog: read more at a time
+			scratch = make([]*EnhancedMessage, min(2*n, limit))
+		}
 	}
 }
 
