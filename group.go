@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,6 +23,10 @@ import (
 type groupRegistry struct {
 	coord   Coordinator
 	cursors CursorStore
+	// commitCost is a moving average of the cursor store's commit time
+	// (ns), over every member of the broker; it starts slow, so the
+	// first commits go to the committers.
+	commitCost atomic.Int64
 
 	mu        sync.Mutex // guards the fields below
 	closers   map[*groupMember]struct{}
@@ -39,6 +44,7 @@ const progressRefresh = 10 * time.Millisecond
 func (r *groupRegistry) init(coord Coordinator, cursors CursorStore) {
 	r.coord = coord
 	r.cursors = cursors
+	r.commitCost.Store(int64(time.Second)) // unmeasured: slow
 	r.closers = map[*groupMember]struct{}{}
 	r.committed = map[string]map[string][]int64{}
 	r.readAt = map[string]time.Time{}

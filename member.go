@@ -44,9 +44,6 @@ type groupMember struct {
 	stop    <-chan struct{}
 	halt    chan struct{} // closed once every queue is released: workers stop
 	wg      sync.WaitGroup
-	// commitCost is a moving average of the cursor store's commit time
-	// (ns); it starts slow, so the first commits go to the committer.
-	commitCost atomic.Int64
 	// lastCommit is when a cursor was last committed (Unix ns), and
 	// handled counts the messages a pull consumer finished: for Stats.
 	lastCommit atomic.Int64
@@ -108,7 +105,6 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 		retopic:       make(chan struct{}, 1),
 		rerun:         make(chan struct{}, 1),
 	}
-	m.commitCost.Store(int64(time.Second)) // unmeasured: slow
 	m.hooks = newHookSet(b.hooks, cfg.hooks)
 	m.life, m.endLife = context.WithCancel(context.Background())
 	m.stop = m.life.Done()
@@ -628,7 +624,7 @@ const inlineCommitMax = 20 * time.Microsecond
 // otherwise (a store on disk, say, whose commits must not hold up the
 // handlers).
 func (m *groupMember) finished(r *queueRun) {
-	if m.commitCost.Load() <= int64(inlineCommitMax) && r.tryCommit() {
+	if m.b.groups.commitCost.Load() <= int64(inlineCommitMax) && r.tryCommit() {
 		return
 	}
 	m.markDirty()
@@ -636,8 +632,9 @@ func (m *groupMember) finished(r *queueRun) {
 
 // recordCommit folds the duration of a cursor commit into commitCost.
 func (m *groupMember) recordCommit(d time.Duration) {
-	old := m.commitCost.Load()
-	m.commitCost.Store(old + (int64(d)-old)/2)
+	c := &m.b.groups.commitCost
+	old := c.Load()
+	c.Store(old + (int64(d)-old)/2)
 }
 
 // markDirty wakes the committer, starting it the first time.

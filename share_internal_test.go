@@ -191,7 +191,7 @@ func TestConsumerFastCursorStoreCommitsInPlace(t *testing.T) {
 	defer c.Close()
 	sent := int64(0)
 	deadline := time.Now().Add(60 * time.Second)
-	for c.m.commitCost.Load() > int64(inlineCommitMax) {
+	for c.m.b.groups.commitCost.Load() > int64(inlineCommitMax) {
 		require.True(t, time.Now().Before(deadline), "watchdog: commits never measured fast")
 		_, err := p.Send(ctx, &Message{Topic: "t"})
 		require.NoError(t, err)
