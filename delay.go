@@ -58,6 +58,12 @@ const (
 	headerDelayHop   = "ferry-delay-hop"
 )
 
+// delayRetention keeps a level's messages until they moved: Block with no
+// bound, so that nothing waiting is ever dropped, and the mover releases
+// what it committed (a memory queue drops it at once; a file queue drops
+// released segments after a minute).
+var delayRetention = Retention{MaxMessages: Unlimited, MaxBytes: Unlimited, MaxAge: time.Minute, Overflow: Block}
+
 // IsDelayTopic reports whether name is one of the internal topics where
 // delayed messages wait.
 func IsDelayTopic(name string) bool { return strings.HasPrefix(name, delayTopicPrefix) }
@@ -216,7 +222,7 @@ func (d *delayer) level(ctx context.Context, n int) (*level, error) {
 	}
 	name := delayTopic(n)
 	if _, err := d.b.topic(name); errors.Is(err, ErrTopicNotFound) {
-		err = d.b.CreateTopic(ctx, TopicMeta{Name: name, Queues: 1, Retention: Retention{MaxMessages: Unlimited, MaxBytes: Unlimited}})
+		err = d.b.CreateTopic(ctx, TopicMeta{Name: name, Queues: 1, Retention: delayRetention})
 		if err != nil && !errors.Is(err, ErrTopicExists) {
 			return nil, err
 		}
@@ -731,6 +737,9 @@ func (d *delayer) commit(lv *level) {
 		lv.committed = off
 	}
 	d.mu.Unlock()
+	if r, ok := lv.queue.(Releaser); ok {
+		r.Release(off)
+	}
 }
 
 // stripDelay returns h without the level's headers; keepAt keeps

@@ -286,3 +286,38 @@ func TestDelayedSurviveRestart(t *testing.T) {
 	}
 	t.Logf("%d delivered again after the restart (moved, not yet committed)", rec.dups)
 }
+
+// TestDelayedMovedAreReleased: a level keeps only what has not moved: on
+// a memory storage, the messages moved go once the level's cursor is
+// committed.
+func TestDelayedMovedAreReleased(t *testing.T) {
+	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	clock := ferrytest.NewFakeClock(start)
+	s := ferry.NewMemoryStorage()
+	defer s.Close()
+	b := ferrytest.NewBroker(t, ferry.WithClock(clock), ferry.WithStorage(s))
+	ctx := t.Context()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "jobs", Queues: 1}))
+	rec := newReceipts(clock)
+	c, err := b.NewConsumer("g", "jobs", rec.handler())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	var level ferry.QueueID
+	for i := range 100 {
+		res, err := p.Send(ctx, &ferry.Message{Topic: "jobs", Body: []byte(strconv.Itoa(i)), DeliverAt: start.Add(time.Second)})
+		require.NoError(t, err)
+		level = res.Queue
+	}
+	runClock(t, clock, "every message", func() bool { return rec.count() == 100 }, rec.wake)
+	meta, ok := b.Topic(level.Topic)
+	require.True(t, ok)
+	q, err := s.OpenQueue(ctx, meta, 0)
+	require.NoError(t, err)
+	ferrytest.WaitFor(t, 0, "the level released", func() bool {
+		n, _ := q.(*ferry.MemoryQueue).Len()
+		return n == 0
+	}, nil)
+}
