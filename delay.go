@@ -59,10 +59,11 @@ const (
 )
 
 // delayRetention keeps a level's messages until they moved: Block with no
-// bound, so that nothing waiting is ever dropped, and the mover releases
-// what it committed (a memory queue drops it at once; a file queue drops
-// released segments after a minute).
-var delayRetention = Retention{MaxMessages: Unlimited, MaxBytes: Unlimited, MaxAge: time.Minute, Overflow: Block}
+// bound (and no age: a store may expire by age whatever was released), so
+// that nothing waiting is ever dropped, and the mover releases what it
+// committed (a memory queue drops it at once, a file queue its sealed
+// segments wholly released).
+var delayRetention = Retention{MaxMessages: Unlimited, MaxBytes: Unlimited, Overflow: Block}
 
 // IsDelayTopic reports whether name is one of the internal topics where
 // delayed messages wait.

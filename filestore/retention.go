@@ -95,8 +95,7 @@ func retains(ret ferry.Retention) bool {
 // retain deletes the oldest sealed segments that retention lets go: with
 // DropOldest, those whose messages all expired, and those the queue is over
 // its bounds without (so a queue keeps at least its bounds, Kafka's rule);
-// with Block, segments wholly released when a write waits for room or
-// their messages expired. It seals an active segment whose messages all
+// with Block, sealed segments wholly released. It seals an active segment whose messages all
 // expired, so that it can go too.
 func (q *queue) retain(now time.Time) error {
 	q.mu.Lock()
@@ -129,11 +128,11 @@ func (q *queue) retain(now time.Time) error {
 		if ret.Overflow == ferry.Block && s.next > released {
 			break
 		}
-		old := ret.MaxAge > 0 && s.lastTime != 0 && now.Sub(time.Unix(0, s.lastTime)) > ret.MaxAge
-		var drop bool
-		if ret.Overflow == ferry.Block {
-			drop = old || len(q.pending) > 0
-		} else {
+		// With Block, a segment wholly released goes: no group needs it
+		// (a memory queue drops released messages at once too).
+		drop := ret.Overflow == ferry.Block
+		if !drop {
+			old := ret.MaxAge > 0 && s.lastTime != 0 && now.Sub(time.Unix(0, s.lastTime)) > ret.MaxAge
 			drop = old || atLeast(count-s.count(), ret.MaxMessages) || atLeast(bytes-s.sizeSum, ret.MaxBytes)
 		}
 		if !drop {
