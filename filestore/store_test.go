@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/ferrymq/ferry/filestore"
 )
 
@@ -640,4 +641,30 @@ func TestBlockHoldsExpiredUntilReleased(t *testing.T) {
 	oldest, next = q.Offsets()
 	assert.Equal(t, int64(2), oldest, "released and expired: gone")
 	assert.Equal(t, int64(2), next)
+}
+
+// TestBlockDropsReleasedSegments: a Block queue drops its sealed segments
+// once they are wholly released, without waiting for a write to need
+// their room (as a memory queue drops released messages at once): a
+// queue whose bounds are never reached, Ferry's delay levels say, would
+// otherwise keep every message it ever held.
+func TestBlockDropsReleasedSegments(t *testing.T) {
+	st := open(t, t.TempDir())
+	meta := ferry.TopicMeta{Name: "b", Queues: 1, Retention: ferry.Retention{MaxMessages: 800, MaxBytes: ferry.Unlimited, Overflow: ferry.Block}}
+	require.NoError(t, st.CreateTopic(context.Background(), meta))
+	q := openQueue(t, st, meta, 0)
+	for i := range 500 {
+		_, err := q.Write(context.Background(), []*ferry.EnhancedMessage{msg("b", i)})
+		require.NoError(t, err)
+	}
+	q.(ferry.Releaser).Release(400)
+	ferrytest.WaitFor(t, 10*time.Second, "released segments dropped", func() bool {
+		oldest, _ := q.Offsets()
+		return oldest >= 300
+	}, nil)
+	oldest, next := q.Offsets()
+	assert.LessOrEqual(t, oldest, int64(400), "nothing unreleased dropped")
+	assert.Equal(t, int64(500), next)
+	got := readAll(t, q, 400)
+	assert.Len(t, got, 100)
 }
