@@ -95,7 +95,8 @@ func retains(ret ferry.Retention) bool {
 // retain deletes the oldest sealed segments that retention lets go: with
 // DropOldest, those whose messages all expired, and those the queue is over
 // its bounds without (so a queue keeps at least its bounds, Kafka's rule);
-// with Block, sealed segments wholly released. It seals an active segment whose messages all
+// with Block, segments wholly released when a write waits for room, their
+// messages expired, or the queue has no bound. It seals an active segment whose messages all
 // expired, so that it can go too.
 func (q *queue) retain(now time.Time) error {
 	q.mu.Lock()
@@ -128,11 +129,15 @@ func (q *queue) retain(now time.Time) error {
 		if ret.Overflow == ferry.Block && s.next > released {
 			break
 		}
-		// With Block, a segment wholly released goes: no group needs it
-		// (a memory queue drops released messages at once too).
-		drop := ret.Overflow == ferry.Block
-		if !drop {
-			old := ret.MaxAge > 0 && s.lastTime != 0 && now.Sub(time.Unix(0, s.lastTime)) > ret.MaxAge
+		old := ret.MaxAge > 0 && s.lastTime != 0 && now.Sub(time.Unix(0, s.lastTime)) > ret.MaxAge
+		var drop bool
+		if ret.Overflow == ferry.Block {
+			// Released segments go when a write needs their room, or at
+			// once in a queue with no bound, whose writes never need room
+			// (it would keep every message it ever held).
+			unbounded := ret.MaxMessages == ferry.Unlimited && ret.MaxBytes == ferry.Unlimited
+			drop = old || len(q.pending) > 0 || unbounded
+		} else {
 			drop = old || atLeast(count-s.count(), ret.MaxMessages) || atLeast(bytes-s.sizeSum, ret.MaxBytes)
 		}
 		if !drop {

@@ -643,14 +643,13 @@ func TestBlockHoldsExpiredUntilReleased(t *testing.T) {
 	assert.Equal(t, int64(2), next)
 }
 
-// TestBlockDropsReleasedSegments: a Block queue drops its sealed segments
-// once they are wholly released, without waiting for a write to need
-// their room (as a memory queue drops released messages at once): a
-// queue whose bounds are never reached, Ferry's delay levels say, would
-// otherwise keep every message it ever held.
+// TestBlockDropsReleasedSegments: a Block queue with no bound drops its
+// sealed segments once they are wholly released, without waiting for a
+// write to need their room, which it never does (it would keep every
+// message it ever held: Ferry's delay levels are such queues).
 func TestBlockDropsReleasedSegments(t *testing.T) {
-	st := open(t, t.TempDir())
-	meta := ferry.TopicMeta{Name: "b", Queues: 1, Retention: ferry.Retention{MaxMessages: 800, MaxBytes: ferry.Unlimited, Overflow: ferry.Block}}
+	st := open(t, t.TempDir(), filestore.WithSegmentBytes(4096)) // about 100 messages a segment
+	meta := ferry.TopicMeta{Name: "b", Queues: 1, Retention: ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited, Overflow: ferry.Block}}
 	require.NoError(t, st.CreateTopic(context.Background(), meta))
 	q := openQueue(t, st, meta, 0)
 	for i := range 500 {
