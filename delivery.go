@@ -126,9 +126,10 @@ type retryItem struct {
 	msg     *EnhancedMessage
 	attempt int // the attempt to make; with a cause, the attempts made
 	due     time.Time
-	cause   error // the handler's last error, when the dead letter (or the retry write) failed
-	tries   int   // with a cause, the send to make, from 2
-	resend  bool  // with a cause: the write to the retry topic failed, not the dead letter
+	cause   error     // the handler's last error, when the dead letter (or the retry write) failed
+	tries   int       // with a cause, the send to make, from 2
+	resend  bool      // with a cause: the write to the retry topic failed, not the dead letter
+	id      MessageID // with resend: the ID of that write
 }
 
 func newDeliverer(m *groupMember, h Handler) *deliverer {
@@ -206,7 +207,7 @@ func (d *deliverer) work() {
 			var done bool
 			switch {
 			case it.resend:
-				done = d.retryOff(it.r, it.msg, it.attempt, it.cause, it.tries)
+				done = d.retryOff(it.r, it.msg, it.attempt, it.cause, it.tries, it.id)
 			case it.cause != nil:
 				done = d.deadLetterOrRetry(it.r, it.msg, it.attempt, it.cause, it.tries)
 			default:
@@ -373,7 +374,7 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 	}
 	d.retried.Add(1)
 	if m.offQueue() {
-		return d.retryOff(r, msg, attempt, err, 1)
+		return d.retryOff(r, msg, attempt, err, 1, MessageID{})
 	}
 	d.schedule(&retryItem{r: r, msg: msg, attempt: attempt + 1, due: time.Now().Add(d.retryWait(err, attempt))})
 	return false

@@ -83,13 +83,17 @@ func (d *deliverer) firstAttempt(msg *EnhancedMessage) int {
 }
 
 // view returns msg as the handler sees it: for a message of a retry
-// topic, a copy with its origin's Topic, Queue and Offset.
+// topic, a copy with its origin's Topic, Queue, Offset and ID.
 func (d *deliverer) view(msg *EnhancedMessage) *EnhancedMessage {
 	if d.m.cfg.retryOf == "" {
 		return msg
 	}
 	v := *msg
 	v.Topic = d.m.cfg.retryOf
+	var id MessageID
+	if id.UnmarshalText([]byte(msg.Headers[HeaderOriginID])) == nil {
+		v.ID = id
+	}
 	if q, err := strconv.Atoi(msg.Headers[HeaderOriginQueue]); err == nil {
 		v.Queue = q
 	}
@@ -102,8 +106,17 @@ func (d *deliverer) view(msg *EnhancedMessage) *EnhancedMessage {
 // retryOff writes msg, whose attempt failed with cause, to the retry topic
 // due after its wait, and reports whether it went (then msg finishes). If
 // it did not, msg stays unfinished and another try is scheduled.
-func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cause error, try int) bool {
+//
+// Each attempt's write has an ID of its own (id, zero on the first try:
+// made then), kept for the tries of that write: a store that drops
+// writes whose ID it has seen (natsstore, for a retried publish) would
+// otherwise drop the second retry of a message as a duplicate of the
+// first. The handler sees the original ID ([HeaderOriginID]).
+func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cause error, try int, id MessageID) bool {
 	m := d.m
+	if id == (MessageID{}) {
+		id = messageID(time.Now(), reserveIDs(1))
+	}
 	target := m.cfg.retryTopic
 	err := d.ensureRetry(r.hctx)
 	var t *topicState
@@ -114,7 +127,7 @@ func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cau
 		v := d.view(msg)
 		h := make(map[string]string, len(msg.Headers)+7)
 		maps.Copy(h, msg.Headers)
-		if _, ok := h[HeaderOriginTopic]; !ok {
+		if m.cfg.retryOf == "" { // the first retry: the origin is this message (whatever headers it came with)
 			h[HeaderOriginTopic] = v.Topic
 			h[HeaderOriginQueue] = strconv.Itoa(v.Queue)
 			h[HeaderOriginOffset] = strconv.FormatInt(v.Offset, 10)
@@ -125,14 +138,14 @@ func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cau
 		h[HeaderError] = clip(cause.Error(), maxErrorHeader)
 		em := &EnhancedMessage{
 			Message: Message{Topic: target, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body},
-			ID:      msg.ID, BornTime: msg.BornTime, BornAddress: msg.BornAddress, Producer: msg.Producer,
+			ID:      id, BornTime: msg.BornTime, BornAddress: msg.BornAddress, Producer: msg.Producer,
 		}
 		at := m.b.time.Now().Add(d.retryWait(cause, attempt))
 		_, err = m.b.delay.place(r.hctx, em, QueueID{Topic: target, Queue: v.Queue % t.meta.Queues}, at, true)
 	}
 	if err != nil {
 		m.report(errorf("ferry: retry %s offset %d to %q: %w (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, target, err))
-		d.schedule(&retryItem{r: r, msg: msg, attempt: attempt, cause: cause, tries: try + 1, resend: true,
+		d.schedule(&retryItem{r: r, msg: msg, attempt: attempt, cause: cause, tries: try + 1, resend: true, id: id,
 			due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, try))})
 		return false
 	}
