@@ -158,35 +158,6 @@ func TestKeyOrderAcrossSubscribersOfAGroup(t *testing.T) {
 	assert.Empty(t, bad)
 }
 
-// Nack delivers the same message again; after MaxAttempts it goes to the
-// group's dead-letter topic, UUID and metadata included.
-func TestNackRetriesThenDeadLetters(t *testing.T) {
-	b := memoryBroker(t)
-	pub, sub := newPubSub(t, b, ferrywm.PublisherConfig{},
-		ferrywm.SubscriberConfig{ConsumerGroup: "g", MaxAttempts: 3, ConsumerOptions: []ferry.ConsumerOption{ferry.WithDeadLetter("failed")}})
-	in := message.NewMessage(watermill.NewUUID(), []byte("poison"))
-	in.Metadata.Set("why", "test")
-	require.NoError(t, pub.Publish("work", in))
-	ch, err := sub.Subscribe(context.Background(), "work")
-	require.NoError(t, err)
-	for range 3 {
-		msg := receive(t, ch)
-		require.Equal(t, in.UUID, msg.UUID)
-		require.True(t, msg.Nack())
-	}
-
-	dlq, err := ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{ConsumerGroup: "ops"})
-	require.NoError(t, err)
-	defer dlq.Close()
-	dch, err := dlq.Subscribe(context.Background(), "failed")
-	require.NoError(t, err)
-	dead := receive(t, dch)
-	assert.Equal(t, in.UUID, dead.UUID)
-	assert.Equal(t, "test", dead.Metadata.Get("why"))
-	assert.Equal(t, "3", dead.Metadata.Get(ferry.HeaderAttempts))
-	dead.Ack()
-}
-
 func TestCloseIsIdempotentAndLeavesTheBroker(t *testing.T) {
 	b := memoryBroker(t)
 	pub, err := ferrywm.NewPublisher(b, ferrywm.PublisherConfig{})
@@ -212,12 +183,16 @@ func TestCloseIsIdempotentAndLeavesTheBroker(t *testing.T) {
 	_, err = sub.Subscribe(context.Background(), "t")
 	require.ErrorIs(t, err, ferry.ErrClosed)
 
-	// The broker lives on, and the unacked message goes to the group again.
+	// The broker lives on, and the unacked message goes to the group again:
+	// through its retry topic, counted as an attempt, when its handler
+	// returned before Close revoked the queue, else from its queue.
 	_, again := newPubSub(t, b, ferrywm.PublisherConfig{}, ferrywm.SubscriberConfig{ConsumerGroup: "g"})
 	ch, err = again.Subscribe(context.Background(), "t")
 	require.NoError(t, err)
 	msg := receive(t, ch)
 	assert.Equal(t, held.UUID, msg.UUID)
+	assert.Equal(t, held.Metadata, msg.Metadata)
+	assert.Contains(t, []int{1, 2}, attempt(t, msg))
 	msg.Ack()
 }
 
@@ -304,8 +279,14 @@ func TestEndedSubscriptionWithoutGroupReleasesBlockTopic(t *testing.T) {
 	ch, err := grouped.Subscribe(ctx, "jobs")
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("jobs", message.NewMessage(watermill.NewUUID(), []byte("1"))))
-	for range 2 {
-		receive(t, ch).Ack()
+	// "0" counted as an attempt of the ended subscription and went to its
+	// group's retry topic: it is finished in "jobs" and may be dropped
+	// before "live" joins.
+	for msg := receive(t, ch); ; msg = receive(t, ch) {
+		msg.Ack()
+		if string(msg.Payload) == "1" {
+			break
+		}
 	}
 	p, err := b.NewProducer()
 	require.NoError(t, err)

@@ -32,18 +32,35 @@
 // # Delivery
 //
 // Each Subscribe call runs one [ferry.Consumer] in the subscriber's consumer
-// group, in [ferry.Ordered] mode, and hands its messages to the returned
-// channel one at a time: the next message comes only after the previous one
-// is acked or nacked, so a subscription has at most one unacked message and
-// sees each key in order. Ack finishes a message (its cursor moves on);
-// Nack delivers the same message again after Ferry's retry backoff
+// group, one handler call at a time, and hands its messages to the
+// returned channel one at a time: the next message comes only after the
+// previous one is acked or nacked, so a subscription has at most one
+// unacked message, and sees the messages of a key in order as long as it
+// acks them. Ack finishes a message (its cursor moves on).
+//
+// Nack finishes the message's offset too and writes it to the group's
+// retry topic ([ferry.RetryTopic]), due after Ferry's retry backoff
 // ([SubscriberConfig.RetryBackoff], doubling up to
-// [SubscriberConfig.MaxRetryBackoff]), until it is acked or, when
-// [SubscriberConfig.MaxAttempts] is set, goes to the group's dead-letter
-// topic. Subscriptions of the same group share the topic's queues, each
-// queue owned by one of them; delivery is at least once, so a message in
-// flight when its queue moves (a subscriber joining or leaving) can come
-// again.
+// [SubscriberConfig.MaxRetryBackoff], on the broker's clock); its queue
+// flows on meanwhile. When it is due the same message comes again, to
+// whichever subscription of the group reads that queue of the retry topic:
+// same UUID, payload and metadata, after the messages that followed it
+// (a Nack gives up its key's order). [DeliveryFrom] gives its attempt
+// number, counted across Nacks, subscriptions and restarts. It comes
+// until it is acked or, when [SubscriberConfig.MaxAttempts] is set, goes
+// to the group's dead-letter topic after the last attempt. With
+// [ferry.Ordered] in [SubscriberConfig.ConsumerOptions] a nacked message
+// waits out its backoff in its queue instead, holding back the messages
+// after it, so a key keeps its order through Nacks.
+//
+// Subscriptions of the same group share the topic's queues (and those of
+// its retry topic), each queue owned by one of them; delivery is at least
+// once, so a message in flight when its queue moves (a subscriber joining
+// or leaving) can come again. A message unacked when its subscription
+// ends comes again to the group; Ferry cannot always tell that from a
+// failure, so it may count as an attempt and come through the retry
+// topic, after the backoff (with MaxAttempts set, its last attempt then
+// sends it to the dead-letter topic).
 //
 // A message's context is cancelled after its Ack or Nack, when its
 // subscription ends and on Close. Cancelling the context given to Subscribe

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -45,13 +46,15 @@ type SubscriberConfig struct {
 	StartFrom ferry.StartFrom
 	// MaxAttempts bounds the deliveries of a message that keeps being
 	// nacked; after the last it goes to the group's dead-letter topic (see
-	// [ferry.WithDeadLetter], settable through ConsumerOptions). Default:
-	// unlimited, as Watermill expects a nacked message back until it is
-	// acked.
+	// [ferry.WithDeadLetter], settable through ConsumerOptions). The count
+	// travels with the message through the group's retry topic, so it
+	// goes on across subscriptions and restarts. Default: unlimited, as
+	// Watermill expects a nacked message back until it is acked.
 	MaxAttempts int
 	// RetryBackoff is the wait before a nacked message comes again; it
 	// doubles on every Nack of the same message up to MaxRetryBackoff.
-	// Default [DefaultRetryBackoff].
+	// It runs on the broker's clock ([ferry.WithClock]). Default
+	// [DefaultRetryBackoff].
 	RetryBackoff time.Duration
 	// MaxRetryBackoff caps the doubling wait. Default
 	// [DefaultMaxRetryBackoff].
@@ -65,9 +68,11 @@ type SubscriberConfig struct {
 	DrainTimeout time.Duration
 	// ConsumerOptions are passed to [ferry.Broker.NewConsumer] (a member
 	// ID, a dead-letter topic, an allocator, buffer sizes, WithOnError).
-	// They override the fields above, but not [ferry.Ordered] and
-	// [ferry.WithConcurrency](1), which the one-unacked-message contract
-	// needs and which always apply.
+	// They override the fields above, but not [ferry.WithConcurrency](1),
+	// which always applies. [ferry.Ordered] here makes a nacked message
+	// wait out its backoff in its queue, holding back the messages after
+	// it, instead of going through the group's retry topic: per-key order
+	// then holds through Nacks too (see the package doc).
 	ConsumerOptions []ferry.ConsumerOption
 	// Logger logs subscriptions that end on an error. Default: none.
 	Logger watermill.LoggerAdapter
@@ -143,7 +148,7 @@ func consumerOptions(cfg SubscriberConfig) []ferry.ConsumerOption {
 		ferry.WithStartFrom(cfg.StartFrom),
 	}
 	opts = append(opts, cfg.ConsumerOptions...)
-	return append(opts, ferry.Ordered(), ferry.WithConcurrency(1))
+	return append(opts, ferry.WithConcurrency(1))
 }
 
 // Subscribe returns a channel of topic's messages for the subscriber's
@@ -172,6 +177,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		topic:     topic,
 		group:     group,
 		out:       make(chan *message.Message),
+		turn:      make(chan struct{}, 1),
 		ctx:       sctx,
 		cancel:    cancel,
 		done:      make(chan struct{}),
@@ -227,12 +233,15 @@ func (s *Subscriber) Close() error {
 }
 
 // errNacked is what the handler returns for a nacked message: Ferry
-// retries it after the backoff.
+// writes it to the group's retry topic, due after the backoff (in place
+// with [ferry.Ordered]).
 var errNacked = errors.New("ferrywm: message nacked")
 
 // errStopped is what the handler returns when its subscription ends before
-// the message is acked: the consumer is closing and leaves the message to
-// the group's next owner of its queue.
+// the message is acked. Ferry has no way for a handler to give a message
+// back unattempted, so this is a failed attempt, as a Nack is: the
+// message goes to the retry topic, due after the backoff, for the group's
+// next reader of it (with [ferry.Ordered], to the queue's next owner).
 var errStopped = errors.New("ferrywm: subscription ended")
 
 // subscription is one Subscribe call: a consumer handing messages to out.
@@ -242,10 +251,15 @@ type subscription struct {
 	topic, group string
 	c            *ferry.Consumer
 	out          chan *message.Message
-	ctx          context.Context // the Subscribe context; cancelled to end
-	cancel       context.CancelFunc
-	done         chan struct{} // closed once out is closed and the subscription forgotten
-	log          watermill.LoggerAdapter
+	// turn is held by the handler call whose message is out, from before
+	// it is sent until its Ack or Nack: the consumer runs one call at a
+	// time on the topic and one on its retry topic, and the subscription
+	// hands out one message at a time.
+	turn   chan struct{}
+	ctx    context.Context // the Subscribe context; cancelled to end
+	cancel context.CancelFunc
+	done   chan struct{} // closed once out is closed and the subscription forgotten
+	log    watermill.LoggerAdapter
 }
 
 // run starts the consumer, waits for the end of the subscription, closes
@@ -256,7 +270,11 @@ func (sub *subscription) run() {
 		sub.cancel()
 	}
 	<-sub.ctx.Done()
-	_ = sub.c.Close() // handlers return at once: they watch sub.ctx
+	// No handler call starts after this (one would count an attempt and
+	// go through the retry topic); those in flight return at once, as
+	// they watch sub.ctx.
+	_ = sub.c.Pause()
+	_ = sub.c.Close()
 	if sub.ephemeral {
 		// Nobody comes back to this group: it must not hold back a topic
 		// with Block overflow. Its cursor stays in the cursor store.
@@ -268,16 +286,26 @@ func (sub *subscription) run() {
 }
 
 // handle hands one message to the subscription's channel and waits for
-// its Ack (nil) or Nack (an error: Ferry redelivers it). The consumer runs
-// one handler at a time, so a subscription has at most one message out.
+// its Ack (nil) or Nack (an error: Ferry delivers it again after the
+// backoff). It takes the subscription's turn first, so a subscription has
+// at most one message out.
 func (sub *subscription) handle(hctx context.Context, em *ferry.EnhancedMessage) error {
-	msg := unmarshal(em)
-	mctx, cancel := context.WithCancel(sub.ctx)
-	defer cancel() // after Ack or Nack, and when the subscription ends
-	msg.SetContext(mctx)
 	if sub.ctx.Err() != nil {
 		return errStopped // ending: hand out nothing more
 	}
+	select {
+	case sub.turn <- struct{}{}:
+	case <-sub.ctx.Done():
+		return errStopped
+	case <-hctx.Done():
+		return hctx.Err()
+	}
+	defer func() { <-sub.turn }()
+	d, _ := ferry.DeliveryFrom(hctx)
+	msg := unmarshal(em, d)
+	mctx, cancel := context.WithCancel(context.WithValue(sub.ctx, deliveryKey{}, d))
+	defer cancel() // after Ack or Nack, and when the subscription ends
+	msg.SetContext(mctx)
 	select {
 	case sub.out <- msg:
 	case <-sub.ctx.Done():
@@ -312,13 +340,49 @@ func settled(msg *message.Message, err error) error {
 }
 
 // unmarshal turns a stored message into a fresh Watermill message. The
-// body is copied: the stored one is shared with every group.
-func unmarshal(em *ferry.EnhancedMessage) *message.Message {
+// body is copied: the stored one is shared with every group. A message
+// that comes back from the group's retry topic carries the headers Ferry
+// added on the way (its attempts, origin, last error, due time): they are
+// dropped, so that the metadata are the ones published.
+func unmarshal(em *ferry.EnhancedMessage, d ferry.Delivery) *message.Message {
 	md := make(message.Metadata, len(em.Headers))
 	maps.Copy(md, em.Headers)
+	if retried(em, d) {
+		for _, h := range retryHeaders {
+			delete(md, h)
+		}
+	}
 	uuid := md[UUIDHeader]
 	delete(md, UUIDHeader)
 	msg := message.NewMessage(uuid, append([]byte(nil), em.Body...))
 	msg.Metadata = md
 	return msg
+}
+
+// retryHeaders are the headers Ferry sets on a message it writes to a
+// retry topic.
+var retryHeaders = []string{
+	ferry.HeaderAttempts, ferry.HeaderError, ferry.HeaderGroup,
+	ferry.HeaderOriginTopic, ferry.HeaderOriginQueue, ferry.HeaderOriginOffset, ferry.HeaderOriginID,
+	ferry.HeaderDeliverAt,
+}
+
+// retried reports whether em comes from the group's retry topic: it
+// carries the attempts made before this one, written there by the group.
+func retried(em *ferry.EnhancedMessage, d ferry.Delivery) bool {
+	return d.Attempt > 1 && em.Headers[ferry.HeaderAttempts] == strconv.Itoa(d.Attempt-1) &&
+		em.Headers[ferry.HeaderGroup] == d.Group
+}
+
+type deliveryKey struct{}
+
+// DeliveryFrom returns the [ferry.Delivery] of a subscribed message, given
+// its context (msg.Context(), or one derived from it): its consumer
+// group and member, its attempt number from 1, counted across Nacks,
+// subscriptions and restarts, and the attempts allowed
+// ([SubscriberConfig.MaxAttempts], [math.MaxInt] for unlimited). It
+// reports false for any other context.
+func DeliveryFrom(ctx context.Context) (ferry.Delivery, bool) {
+	d, ok := ctx.Value(deliveryKey{}).(ferry.Delivery)
+	return d, ok
 }

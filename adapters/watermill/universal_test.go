@@ -13,7 +13,10 @@ import (
 
 // features are what Ferry offers Watermill: consumer groups, messages kept
 // in the broker whoever subscribes (Persistent), and at most one unacked
-// message per subscription with per-key order (GuaranteedOrder). Delivery
+// message per subscription with per-key order (GuaranteedOrder: the
+// scenarios it enables check order without Nacks and that no message comes
+// before the previous one's Ack, both true; a nacked message comes back
+// after the ones that followed it, which no scenario checks). Delivery
 // is at least once, hence no ExactlyOnceDelivery. TestReconnect stays
 // skipped: it restarts an external broker with a shell command, and Ferry
 // runs in the test's process.
@@ -26,12 +29,12 @@ var features = tests.Features{
 
 func TestUniversalMemory(t *testing.T) {
 	t.Parallel()
-	runUniversal(t, memoryBroker(t))
+	runUniversal(t, memoryBroker(t), nil)
 }
 
 func TestUniversalFilestore(t *testing.T) {
 	t.Parallel()
-	runUniversal(t, fileBroker(t))
+	runUniversal(t, fileBroker(t), nil)
 }
 
 // memoryBroker returns a broker over the memory store, closed when t and
@@ -64,11 +67,11 @@ func fileBroker(t *testing.T) *ferry.Broker {
 // payloads spread over the queues or share one.
 func payloadKey(_ string, msg *message.Message) (string, error) { return string(msg.Payload), nil }
 
-func constructors(b *ferry.Broker) (tests.PubSubConstructor, tests.ConsumerGroupPubSubConstructor) {
+func constructors(b *ferry.Broker, opts []ferry.ConsumerOption) (tests.PubSubConstructor, tests.ConsumerGroupPubSubConstructor) {
 	group := func(t *testing.T, g string) (message.Publisher, message.Subscriber) {
 		pub, err := ferrywm.NewPublisher(b, ferrywm.PublisherConfig{Key: payloadKey})
 		require.NoError(t, err)
-		sub, err := ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{ConsumerGroup: g})
+		sub, err := ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{ConsumerGroup: g, ConsumerOptions: opts})
 		require.NoError(t, err)
 		closeLater(t, sub)
 		return pub, sub
@@ -83,8 +86,9 @@ func closeLater(t *testing.T, sub message.Subscriber) {
 	t.Cleanup(func() { require.NoError(t, sub.Close()) })
 }
 
-func runUniversal(t *testing.T, b *ferry.Broker) {
-	ctor, groupCtor := constructors(b)
+// runUniversal runs the suite over b, the subscribers made with opts.
+func runUniversal(t *testing.T, b *ferry.Broker, opts []ferry.ConsumerOption) {
+	ctor, groupCtor := constructors(b, opts)
 	tests.TestPubSub(t, features, ctor, groupCtor)
 
 	// A subscriber without a consumer group reads the whole topic: every
@@ -97,7 +101,7 @@ func runUniversal(t *testing.T, b *ferry.Broker) {
 			func(t *testing.T) (message.Publisher, message.Subscriber) {
 				pub, err := ferrywm.NewPublisher(b, ferrywm.PublisherConfig{})
 				require.NoError(t, err)
-				sub, err := ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{})
+				sub, err := ferrywm.NewSubscriber(b, ferrywm.SubscriberConfig{ConsumerOptions: opts})
 				require.NoError(t, err)
 				closeLater(t, sub)
 				return pub, sub
