@@ -15,18 +15,12 @@ import (
 // TestUniversalNATS runs the universal suite over natsstore: the broker's
 // queues, topics, cursors and consumer groups in JetStream on one
 // embedded server (file storage in a temporary directory), with the same
-// features as memory and filestore.
-//
-// Its subscribers retry nacked messages in place (ferry.Ordered) for now:
-// off the queue, Ferry writes every retry of a message to the delay level
-// and the retry topic under the message's own ID, and natsstore drops the
-// second such write as a duplicate (JetStream's Msg-Id window, 2 min), so
-// a message nacked twice within it is lost (TestContinueAfterErrors
-// fails). Remove the option once the core gives each retry write an ID
-// of its own.
+// features as memory and filestore, and nacks retried off the queue (each
+// retry write has an ID of its own: natsstore drops a write whose ID it
+// saw within its duplicate window).
 func TestUniversalNATS(t *testing.T) {
 	t.Parallel()
-	runUniversal(t, natsBroker(t), []ferry.ConsumerOption{ferry.Ordered()})
+	runUniversal(t, natsBroker(t), nil)
 }
 
 // natsBroker returns a broker over natsstore on an embedded NATS server
