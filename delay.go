@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/bits"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -165,11 +166,6 @@ func newDelayer(b *Broker, clock Clock) *delayer {
 // place writes em, stamped and routed to target, to the delay level for
 // a delivery at at. wait false: a full level queue is ErrQueueFull.
 func (d *delayer) place(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
-	h := make(map[string]string, len(em.Headers)+4)
-	maps.Copy(h, em.Headers)
-	h[HeaderDeliverAt] = strconv.FormatInt(at.UnixNano(), 10)
-	h[headerDelayTopic] = target.Topic
-	h[headerDelayQueue] = strconv.Itoa(target.Queue)
 	n, _ := delayLevel(at.Sub(d.clock.Now()))
 	for {
 		lv, err := d.level(ctx, n)
@@ -187,17 +183,94 @@ func (d *delayer) place(ctx context.Context, em *EnhancedMessage, target QueueID
 			n = m // the clock moved on meanwhile
 			continue
 		}
-		h[headerDelayHop] = strconv.FormatInt(now.Add(hop).UnixNano(), 10)
-		w := &EnhancedMessage{
-			Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: h, Body: em.Body},
-			ID:      em.ID, BornTime: em.BornTime, BornAddress: em.BornAddress, Producer: em.Producer,
-		}
+		w := delayedMessage(lv, em, target, at, now.Add(hop))
 		err = write(ctx, lv.queue, w, wait)
 		lv.wmu.Unlock()
 		if err != nil {
 			return SendResult{}, err
 		}
 		return SendResult{ID: em.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: at, Target: target}, nil
+	}
+}
+
+// delayed is a message for placeBatch: stamped, routed to target, due at
+// at; res is filled in once it is written.
+type delayed struct {
+	em     *EnhancedMessage
+	target QueueID
+	at     time.Time
+	res    *SendResult
+}
+
+// placeBatch is place for several messages, with one write per level
+// (in their order within it); a message whose level changes between the
+// two clock readings is placed alone. On error, the messages of the
+// levels written before stay written (their results filled in).
+func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
+	now := d.clock.Now()
+	var byLevel [delayLevels][]int
+	for i, m := range ms {
+		n, _ := delayLevel(m.at.Sub(now))
+		byLevel[n] = append(byLevel[n], i)
+	}
+	for n, idx := range byLevel {
+		if len(idx) == 0 {
+			continue
+		}
+		lv, err := d.level(ctx, n)
+		if err != nil {
+			return err
+		}
+		var alone []int
+		batch := make([]*EnhancedMessage, 0, len(idx))
+		lv.wmu.Lock()
+		now := d.clock.Now()
+		for _, i := range idx {
+			m := ms[i]
+			k, hop := delayLevel(m.at.Sub(now))
+			if k != n {
+				alone = append(alone, i)
+				continue
+			}
+			batch = append(batch, delayedMessage(lv, m.em, m.target, m.at, now.Add(hop)))
+		}
+		_, err = lv.queue.Write(ctx, batch)
+		lv.wmu.Unlock()
+		if err != nil {
+			return err
+		}
+		k := 0
+		for _, i := range idx {
+			if slices.Contains(alone, i) {
+				continue
+			}
+			w := batch[k]
+			k++
+			*ms[i].res = SendResult{ID: w.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: ms[i].at, Target: ms[i].target}
+		}
+		for _, i := range alone {
+			res, err := d.place(ctx, ms[i].em, ms[i].target, ms[i].at, true)
+			if err != nil {
+				return err
+			}
+			*ms[i].res = res
+		}
+	}
+	return nil
+}
+
+// delayedMessage returns em as level lv stores it: bound for target at at,
+// its hop ending at hop.
+func delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time.Time) *EnhancedMessage {
+	h := make(map[string]string, len(em.Headers)+4)
+	maps.Copy(h, em.Headers)
+	h[HeaderDeliverAt] = strconv.FormatInt(at.UnixNano(), 10)
+	h[headerDelayTopic] = target.Topic
+	h[headerDelayQueue] = strconv.Itoa(target.Queue)
+	h[headerDelayHop] = strconv.FormatInt(hop.UnixNano(), 10)
+	return &EnhancedMessage{
+		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: h, Body: em.Body},
+		ID:      em.ID, BornTime: em.BornTime, BornAddress: em.BornAddress, Producer: em.Producer,
 	}
 }
 

@@ -241,7 +241,8 @@ func (p *Producer) route(em *EnhancedMessage, meta TopicMeta) (int, error) {
 // writes nothing. The results are in the order of msgs. If a Write fails,
 // the messages of queues already written stay written: their results are
 // filled in, the others have Offset -1, and the error says which queue
-// failed.
+// failed. Delayed messages (see [Message.DeliverAt]) are written after
+// the others, with one write per delay level.
 func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult, error) {
 	results, ems, err := p.sendBatch(ctx, msgs)
 	p.countBatch(results, len(msgs), err)
@@ -362,8 +363,8 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 
 // sendMixed is sendBatch for a batch with delayed messages: every
 // message is checked and routed before anything is written; then the
-// others are written as a batch, then the delayed ones, each to its delay
-// level.
+// others are written as a batch, then the delayed ones, with one write
+// per delay level.
 func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult, []EnhancedMessage, error) {
 	type pending struct {
 		i     int
@@ -375,7 +376,7 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 	ems := make([]EnhancedMessage, len(msgs))
 	var plain []*Message
 	var plainAt []int
-	var delayed []pending
+	var later []pending
 	for i, m := range msgs {
 		if m == nil || !p.delayed(m) {
 			plain = append(plain, m)
@@ -386,7 +387,7 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 		if err != nil {
 			return nil, ems[:0], errorf("ferry: send batch: message %d: %w", i, err)
 		}
-		delayed = append(delayed, pending{i, t.meta.Name, q})
+		later = append(later, pending{i, t.meta.Name, q})
 	}
 	for _, m := range plain { // checked before anything is written
 		if _, err := p.check(m); err != nil {
@@ -411,12 +412,12 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 			return results, ems, err
 		}
 	}
-	for _, d := range delayed {
-		res, err := p.b.delay.place(ctx, &ems[d.i], QueueID{Topic: d.topic, Queue: d.q}, msgs[d.i].DeliverAt, true)
-		if err != nil {
-			return results, ems, errorf("ferry: send batch: message %d: %w", d.i, err)
-		}
-		results[d.i] = res
+	batch := make([]delayed, len(later))
+	for k, d := range later {
+		batch[k] = delayed{em: &ems[d.i], target: QueueID{Topic: d.topic, Queue: d.q}, at: msgs[d.i].DeliverAt, res: &results[d.i]}
+	}
+	if err := p.b.delay.placeBatch(ctx, batch); err != nil {
+		return results, ems, errorf("ferry: send batch: delayed messages: %w", err)
 	}
 	return results, ems, nil
 }
