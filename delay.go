@@ -698,10 +698,8 @@ const retryAct = 10 * time.Millisecond
 // at: not a later reading, or it could jump the queue) or moves it down a
 // level, and reports whether it did (false: try again later).
 func (d *delayer) act(a *delayAction, now time.Time) bool {
-	if a.deliverAt.After(now) {
-		em := &EnhancedMessage{Message: Message{Topic: a.target.Topic, Key: a.msg.Key, Tag: a.msg.Tag, Headers: stripDelay(a.msg.Headers, false), Body: a.msg.Body},
-			ID: a.msg.ID, BornTime: a.msg.BornTime, BornAddress: a.msg.BornAddress, Producer: a.msg.Producer}
-		if _, err := d.place(d.ctx, em, a.target, a.deliverAt, false); err != nil {
+	if a.deliverAt.After(now) { // down a level (its headers are set anew)
+		if _, err := d.place(d.ctx, a.msg, a.target, a.deliverAt, false); err != nil {
 			return d.failed(a, err)
 		}
 		return true
@@ -716,7 +714,7 @@ func (d *delayer) act(a *delayAction, now time.Time) bool {
 	}
 	q := t.queues[a.target.Queue%len(t.queues)]
 	em := &EnhancedMessage{
-		Message: Message{Topic: t.meta.Name, Key: a.msg.Key, Tag: a.msg.Tag, Headers: stripDelay(a.msg.Headers, true), Body: a.msg.Body},
+		Message: Message{Topic: t.meta.Name, Key: a.msg.Key, Tag: a.msg.Tag, Headers: stripDelay(a.msg.Headers), Body: a.msg.Body},
 		ID:      a.msg.ID, BornTime: a.msg.BornTime, BornAddress: a.msg.BornAddress, Producer: a.msg.Producer,
 	}
 	if err := write(d.ctx, q, em, false); err != nil {
@@ -816,18 +814,14 @@ func (d *delayer) commit(lv *level) {
 	}
 }
 
-// stripDelay returns h without the level's headers; keepAt keeps
-// HeaderDeliverAt.
-func stripDelay(h map[string]string, keepAt bool) map[string]string {
+// stripDelay returns h without the level's own headers (HeaderDeliverAt
+// stays).
+func stripDelay(h map[string]string) map[string]string {
 	out := make(map[string]string, len(h))
 	for k, v := range h {
 		switch k {
 		case headerDelayTopic, headerDelayQueue, headerDelayHop:
 			continue
-		case HeaderDeliverAt:
-			if !keepAt {
-				continue
-			}
 		}
 		out[k] = v
 	}
