@@ -164,27 +164,57 @@ func (d *deliverer) ensureRetry(ctx context.Context) error {
 
 // ensureRetry starts the consumer's member of its retry topic, creating
 // the topic if create is set (else only if the topic exists), unless it
-// runs or the consumer is closing.
+// runs or the consumer is closing. The start is not under retryMu, so
+// that a Close does not wait for it (it closes the member, which ends the
+// start).
 func (c *Consumer) ensureRetry(ctx context.Context, create bool) error {
 	c.retryMu.Lock()
-	defer c.retryMu.Unlock()
 	if c.retry != nil || c.closing {
+		c.retryMu.Unlock()
 		return nil
 	}
+	rc, err := c.newRetryMember(ctx, create)
+	if rc == nil || err != nil {
+		c.retryMu.Unlock()
+		return err
+	}
+	c.retry = rc
+	c.retryMu.Unlock()
+	if err := rc.Start(ctx); err != nil {
+		rc.m.mu.Lock()
+		joined := rc.m.state != memberNew
+		rc.m.mu.Unlock()
+		if !joined { // the next retry (or membership change) tries again
+			c.retryMu.Lock()
+			if c.retry == rc {
+				c.retry = nil
+			}
+			c.retryMu.Unlock()
+			_ = rc.Close()
+			return errorf("ferry: start reading retry topic %q: %w", rc.m.topic, err)
+		}
+	}
+	return nil
+}
+
+// newRetryMember returns the consumer's member of its retry topic, not
+// started, after creating the topic if create is set; nil if the topic
+// does not exist and create is not set. c.retryMu is held.
+func (c *Consumer) newRetryMember(ctx context.Context, create bool) (*Consumer, error) {
 	m := c.m
 	b := m.b
 	name := m.cfg.retryTopic
 	if _, err := b.topic(name); err != nil {
 		if !errors.Is(err, ErrTopicNotFound) || !create {
-			return nil
+			return nil, nil
 		}
 		t, err := b.topic(m.topic)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		err = b.CreateTopic(ctx, TopicMeta{Name: name, Queues: t.meta.Queues})
 		if err != nil && !errors.Is(err, ErrTopicExists) {
-			return err
+			return nil, err
 		}
 	}
 	cfg := *m.cfg
@@ -201,15 +231,5 @@ func (c *Consumer) ensureRetry(ctx context.Context, create bool) error {
 		rc.m.paused[q] = p
 	}
 	m.mu.Unlock()
-	if err := rc.Start(ctx); err != nil {
-		rc.m.mu.Lock()
-		joined := rc.m.state != memberNew
-		rc.m.mu.Unlock()
-		if !joined { // the next retry (or rebalance) tries again
-			_ = rc.Close()
-			return errorf("ferry: start reading retry topic %q: %w", name, err)
-		}
-	}
-	c.retry = rc
-	return nil
+	return rc, nil
 }
