@@ -179,22 +179,40 @@ func (d *deliverer) record(elapsed time.Duration, n int) {
 	d.cost.Store(old + (per-old)/2)
 }
 
+// worker is what a goroutine handling batches keeps between them: a
+// worker's, or a fetch loop's handling its own queue inline.
+type worker struct {
+	dctx     *deliveryCtx
+	batch    []*EnhancedMessage
+	finished []*EnhancedMessage
+	guard    *time.Timer // calls another worker when a batch runs long
+	yielded  time.Time   // when it last yielded the processor
+	seq      uint
+}
+
+func (d *deliverer) newWorker() *worker {
+	m := d.m
+	w := &worker{
+		dctx:     &deliveryCtx{d: Delivery{Group: m.group, Member: m.cfg.memberID, MaxAttempts: m.cfg.maxAttempts}},
+		batch:    make([]*EnhancedMessage, 64),
+		finished: make([]*EnhancedMessage, 0, 64),
+		guard:    time.AfterFunc(time.Hour, m.sched.signal),
+	}
+	w.guard.Stop()
+	return w
+}
+
 // work is one worker: it takes a batch from a buffer with pending
 // messages (or a due retry), handles it and marks what finished done: two
 // buffer locks per batch, one to take and one to mark done.
 func (d *deliverer) work() {
 	m := d.m
 	defer m.wg.Done()
-	dctx := &deliveryCtx{d: Delivery{Group: m.group, Member: m.cfg.memberID, MaxAttempts: m.cfg.maxAttempts}}
-	batch := make([]*EnhancedMessage, 64)
-	finished := make([]*EnhancedMessage, 0, 64)
-	guard := time.AfterFunc(time.Hour, m.sched.signal)
-	guard.Stop()
-	defer guard.Stop()
+	w := d.newWorker()
+	defer w.guard.Stop()
+	dctx := w.dctx
 	idle := time.NewTimer(workerIdle) // reused by every wait for work
 	idle.Stop()
-	var yielded time.Time // when the worker last yielded the processor
-	var seq uint
 	for {
 		r, it := m.sched.next(context.Background(), m.halt, idle)
 		switch {
@@ -219,62 +237,73 @@ func (d *deliverer) work() {
 				m.finished(it.r)
 			}
 		case r != nil && m.cfg.ordered:
-			d.ordered(dctx, r, batch[:1])
+			d.ordered(dctx, r, w.batch[:1])
 		case r != nil:
-			cost := max(1, d.cost.Load())
-			n, pending := r.buf.takeShare(batch, m.cfg.concurrency, int(min(maxAlone, int64(shareBudget)/cost)))
-			guarded := false
-			switch {
-			case pending == 0:
-			case int64(pending)*cost > int64(shareBudget):
-				m.sched.push(r) // worth another worker
-			default:
-				m.sched.pushQuiet(r) // this worker comes back for them
-				guard.Reset(shareGuard)
-				guarded = true
-			}
-			dctx.Context = r.hctx
-			finished = finished[:0]
-			seq++
-			timed := n > 0 && timeBatch(n, seq)
-			var start time.Time
-			if timed {
-				start = time.Now()
-			}
-			for i, msg := range batch[:n] {
-				if r.finished.Load() {
-					// Released (the drain timed out): what has not
-					// started goes back unfinished, to the next owner.
-					r.buf.abandon(batch[i:n]...)
-					break
-				}
-				if d.handle(dctx, r, msg, d.firstAttempt(msg)) {
-					finished = append(finished, msg)
-				}
-			}
-			var end time.Time
-			if timed {
-				end = time.Now()
-				d.record(end.Sub(start), n)
-			}
-			dctx.flush(d)
-			if guarded {
-				guard.Stop()
-			}
-			if len(finished) > 0 {
-				r.buf.Done(finished...)
-				m.finished(r)
-			}
-			clear(batch[:n])
-			clear(finished)
-			if urgent.Load() > 0 || timed && end.Sub(yielded) > yieldEvery {
-				// Let a rebalance, or whatever else waits, run (see urgent).
-				runtime.Gosched()
-				yielded = end
-			}
+			d.runBatch(w, r)
 		default:
 			return
 		}
+	}
+}
+
+// runBatch takes a share of r's pending messages and handles them; it
+// lists r again (waking another worker when it is worth it) when messages
+// remain.
+func (d *deliverer) runBatch(w *worker, r *queueRun) {
+	m := d.m
+	dctx := w.dctx
+	cost := max(1, d.cost.Load())
+	n, pending := r.buf.takeShare(w.batch, m.cfg.concurrency, int(min(maxAlone, int64(shareBudget)/cost)))
+	guarded := false
+	switch {
+	case pending == 0:
+	case int64(pending)*cost > int64(shareBudget):
+		m.sched.push(r) // worth another worker
+	default:
+		m.sched.pushQuiet(r) // this worker comes back for them
+		w.guard.Reset(shareGuard)
+		guarded = true
+	}
+	dctx.Context = r.hctx
+	finished := w.finished[:0]
+	w.seq++
+	timed := n > 0 && timeBatch(n, w.seq)
+	var start time.Time
+	if timed {
+		start = time.Now()
+	}
+	batch := w.batch
+	for i, msg := range batch[:n] {
+		if r.finished.Load() {
+			// Released (the drain timed out): what has not
+			// started goes back unfinished, to the next owner.
+			r.buf.abandon(batch[i:n]...)
+			break
+		}
+		if d.handle(dctx, r, msg, d.firstAttempt(msg)) {
+			finished = append(finished, msg)
+		}
+	}
+	var end time.Time
+	if timed {
+		end = time.Now()
+		d.record(end.Sub(start), n)
+	}
+	dctx.flush(d)
+	if guarded {
+		w.guard.Stop()
+	}
+	if len(finished) > 0 {
+		r.buf.Done(finished...)
+		m.finished(r)
+	}
+	clear(batch[:n])
+	clear(finished)
+	w.finished = finished
+	if urgent.Load() > 0 || timed && end.Sub(w.yielded) > yieldEvery {
+		// Let a rebalance, or whatever else waits, run (see urgent).
+		runtime.Gosched()
+		w.yielded = end
 	}
 }
 
