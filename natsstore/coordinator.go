@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -66,10 +65,10 @@ var (
 func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Coordinator, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: coordinator: %w", err)
+		return nil, ferry.Errorf("ferry: natsstore: coordinator: %w", err)
 	}
 	if js == nil {
-		return nil, fmt.Errorf("ferry: natsstore: coordinator: %w: nil JetStream", ferry.ErrInvalidOption)
+		return nil, ferry.Errorf("ferry: natsstore: coordinator: %w: nil JetStream", ferry.ErrInvalidOption)
 	}
 	ctx, cancel := cfg.bound(ctx)
 	defer cancel()
@@ -84,10 +83,10 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 		}
 		st, err := ask(ctx, cfg, kv.Status)
 		if err != nil {
-			return nil, fmt.Errorf("ferry: natsstore: coordinator: bucket %s: %w", b.name, err)
+			return nil, ferry.Errorf("ferry: natsstore: coordinator: bucket %s: %w", b.name, err)
 		}
 		if st.TTL() != cfg.ttl {
-			return nil, fmt.Errorf("ferry: natsstore: coordinator: %w: bucket %s has TTL %v, want %v", ferry.ErrInvalidOption, st.Bucket(), st.TTL(), cfg.ttl)
+			return nil, ferry.Errorf("ferry: natsstore: coordinator: %w: bucket %s has TTL %v, want %v", ferry.ErrInvalidOption, st.Bucket(), st.TTL(), cfg.ttl)
 		}
 		*b.kv = kv
 	}
@@ -99,19 +98,19 @@ func groupPrefix(g ferry.GroupKey) string { return encodeToken(g.Scope) + "." + 
 // Join implements [ferry.Coordinator].
 func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {
 	if g.Scope == "" || member == "" {
-		return nil, fmt.Errorf("ferry: natsstore: join %s: %w: empty group or member", g, ferry.ErrInvalidOption)
+		return nil, ferry.Errorf("ferry: natsstore: join %s: %w: empty group or member", g, ferry.ErrInvalidOption)
 	}
 	if err := ferry.ValidateTopicName(g.Topic); err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, err)
+		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, err)
+		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
 	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
+		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
@@ -124,14 +123,14 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	start := time.Now()
 	rev, err := c.members.Create(ctx, s.key, s.nonce)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return nil, fmt.Errorf("ferry: natsstore: join: %w: member %q already in group %q of topic %q", ferry.ErrInvalidOption, member, g.Scope, g.Topic)
+		return nil, ferry.Errorf("ferry: natsstore: join: %w: member %q already in group %q of topic %q", ferry.ErrInvalidOption, member, g.Scope, g.Topic)
 	}
 	if err != nil {
 		// The create may have gone through (a timeout after the send):
 		// a key of ours would hold the member ID and a share of the
 		// queues until it expired. Take it back.
 		c.takeBack(c.members, s.key, s.nonce)
-		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, err)
+		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
 	}
 	s.rev = rev
 	wctx, wcancel := context.WithCancel(context.Background())
@@ -139,7 +138,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	if err != nil {
 		wcancel()
 		c.deleteKey(c.members, s.key, rev)
-		return nil, fmt.Errorf("ferry: natsstore: join %s: watch: %w", g, err)
+		return nil, ferry.Errorf("ferry: natsstore: join %s: watch: %w", g, err)
 	}
 	set := map[string]bool{}
 	for initial := true; initial; {
@@ -154,7 +153,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 			_ = w.Stop()
 			wcancel()
 			c.deleteKey(c.members, s.key, rev)
-			return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, ctx.Err())
+			return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ctx.Err())
 		}
 	}
 	set[member] = true // it was created before the watch started
@@ -165,7 +164,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		_ = w.Stop()
 		wcancel()
 		c.deleteKey(c.members, s.key, rev)
-		return nil, fmt.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
+		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
 	}
 	c.sessions[s] = struct{}{}
 	c.mu.Unlock()
@@ -224,10 +223,10 @@ func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, 
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("ferry: natsstore: members of %s: %w", g, ferry.ErrClosed)
+		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, ferry.ErrClosed)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: members of %s: %w", g, err)
+		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, err)
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
@@ -239,7 +238,7 @@ func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, 
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: members of %s: %w", g, err)
+		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, err)
 	}
 	slices.Sort(out)
 	return out, nil
@@ -470,10 +469,10 @@ func (s *session) lockKey(q int) string { return s.prefix + "." + strconv.Itoa(q
 // exists, a watch of the key wakes the waiter on its deletion or expiry.
 func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 	if q < 0 || q >= ferry.MaxQueues {
-		return nil, fmt.Errorf("ferry: natsstore: lock %s queue %d: %w: out of range", s.g, q, ferry.ErrInvalidOption)
+		return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w: out of range", s.g, q, ferry.ErrInvalidOption)
 	}
 	expired := func() error {
-		return fmt.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
+		return ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
 	}
 	select {
 	case <-s.stop:
@@ -508,7 +507,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 				return nil, expired()
 			case <-ctx.Done():
 				s.c.takeBack(s.c.locks, key, s.nonce)
-				return nil, fmt.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ctx.Err())
+				return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ctx.Err())
 			}
 			continue
 		}
@@ -522,7 +521,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 			if errors.Is(err, ferry.ErrSessionExpired) {
 				return nil, expired()
 			}
-			return nil, fmt.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, err)
+			return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, err)
 		}
 	}
 }
@@ -565,7 +564,7 @@ func (s *session) granted(q int, key string, rev uint64, start time.Time) (ferry
 	if s.ended {
 		s.mu.Unlock()
 		s.c.deleteKey(s.c.locks, key, rev)
-		return nil, fmt.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
+		return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
 	}
 	s.leases[q] = l
 	s.wg.Go(func() { l.renew(start) })

@@ -3,9 +3,9 @@ package natsstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
+	"github.com/ferrymq/ferry"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -70,7 +70,7 @@ func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("ferry: natsstore: bucket %s: %w", full, err)
+		return nil, ferry.Errorf("ferry: natsstore: bucket %s: %w", full, err)
 	}
 	kc := jetstream.KeyValueConfig{Bucket: full, Replicas: cfg.replicas, Storage: cfg.storage, History: 1}
 	if ttl {
@@ -91,7 +91,7 @@ func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: create bucket %s: %w", full, err)
+		return nil, ferry.Errorf("ferry: natsstore: create bucket %s: %w", full, err)
 	}
 	return kv, nil
 }

@@ -46,10 +46,10 @@ var (
 func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: open: %w", err)
+		return nil, ferry.Errorf("ferry: natsstore: open: %w", err)
 	}
 	if js == nil {
-		return nil, fmt.Errorf("ferry: natsstore: open: %w: nil JetStream", ferry.ErrInvalidOption)
+		return nil, ferry.Errorf("ferry: natsstore: open: %w: nil JetStream", ferry.ErrInvalidOption)
 	}
 	s := &Store{cfg: cfg, js: js, queues: map[*queue]struct{}{}}
 	ctx, cancel := cfg.bound(ctx)
@@ -62,7 +62,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 	}
 	for _, kv := range []*jetstream.KeyValue{&s.topics, &s.cursors} {
 		if *kv, err = leaderReads(ctx, js, cfg, *kv); err != nil {
-			return nil, fmt.Errorf("ferry: natsstore: open: %w", err)
+			return nil, ferry.Errorf("ferry: natsstore: open: %w", err)
 		}
 	}
 	return s, nil
@@ -110,7 +110,7 @@ func decodeMeta(b []byte) (ferry.TopicMeta, error) {
 // Topics implements [ferry.Storage].
 func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 	if s.isClosed() {
-		return nil, fmt.Errorf("ferry: natsstore: topics: %w", ferry.ErrClosed)
+		return nil, ferry.Errorf("ferry: natsstore: topics: %w", ferry.ErrClosed)
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -125,7 +125,7 @@ func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 		out = append(out, m)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ferry: natsstore: topics: %w", err)
+		return nil, ferry.Errorf("ferry: natsstore: topics: %w", err)
 	}
 	slices.SortFunc(out, func(a, b ferry.TopicMeta) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
@@ -159,15 +159,15 @@ func scan(ctx context.Context, kv jetstream.KeyValue, filter string, f func(jets
 // SaveTopic implements [ferry.Storage].
 func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	if err := meta.Validate(); err != nil {
-		return fmt.Errorf("ferry: natsstore: save topic: %w", err)
+		return ferry.Errorf("ferry: natsstore: save topic: %w", err)
 	}
 	if s.isClosed() {
-		return fmt.Errorf("ferry: natsstore: save topic: %w", ferry.ErrClosed)
+		return ferry.Errorf("ferry: natsstore: save topic: %w", ferry.ErrClosed)
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
 	if _, err := s.topics.Put(ctx, encodeToken(meta.Name), encodeMeta(meta)); err != nil {
-		return fmt.Errorf("ferry: natsstore: save topic %s: %w", meta.Name, err)
+		return ferry.Errorf("ferry: natsstore: save topic %s: %w", meta.Name, err)
 	}
 	return nil
 }
@@ -176,10 +176,10 @@ func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 // brokers creating one topic at once exactly one writes it.
 func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	if err := meta.Validate(); err != nil {
-		return fmt.Errorf("ferry: natsstore: create topic: %w", err)
+		return ferry.Errorf("ferry: natsstore: create topic: %w", err)
 	}
 	if s.isClosed() {
-		return fmt.Errorf("ferry: natsstore: create topic: %w", ferry.ErrClosed)
+		return ferry.Errorf("ferry: natsstore: create topic: %w", ferry.ErrClosed)
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -188,14 +188,14 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 		return nil
 	}
 	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return fmt.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+		return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
 	}
 	have, err := s.topic(ctx, meta.Name)
 	if err != nil {
-		return fmt.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+		return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
 	}
 	if have.Normalized() != meta.Normalized() {
-		return fmt.Errorf("ferry: natsstore: create topic %s: %w: have %+v", meta.Name, ferry.ErrTopicExists, have)
+		return ferry.Errorf("ferry: natsstore: create topic %s: %w: have %+v", meta.Name, ferry.ErrTopicExists, have)
 	}
 	return nil
 }
@@ -203,16 +203,16 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 // Topic implements [ferry.SharedStorage].
 func (s *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
 	if err := ferry.ValidateTopicName(name); err != nil {
-		return ferry.TopicMeta{}, fmt.Errorf("ferry: natsstore: topic: %w", err)
+		return ferry.TopicMeta{}, ferry.Errorf("ferry: natsstore: topic: %w", err)
 	}
 	if s.isClosed() {
-		return ferry.TopicMeta{}, fmt.Errorf("ferry: natsstore: topic: %w", ferry.ErrClosed)
+		return ferry.TopicMeta{}, ferry.Errorf("ferry: natsstore: topic: %w", ferry.ErrClosed)
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
 	m, err := s.topic(ctx, name)
 	if err != nil {
-		return m, fmt.Errorf("ferry: natsstore: topic %s: %w", name, err)
+		return m, ferry.Errorf("ferry: natsstore: topic %s: %w", name, err)
 	}
 	return m, nil
 }
