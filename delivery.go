@@ -401,6 +401,13 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 	if attempt >= m.cfg.maxAttempts || isPermanent(err) {
 		return d.deadLetterOrRetry(r, msg, attempt, err, 1)
 	}
+	if r.hctx.Err() != nil {
+		// The drain timeout gave up on the handler: the failure is the
+		// giving up's, not the message's, and the queue's cursor stays
+		// at it: the next owner attempts it again, uncounted.
+		r.buf.abandon(msg)
+		return false
+	}
 	d.retried.Add(1)
 	if m.offQueue() {
 		return d.retryOff(r, msg, attempt, err, 1, MessageID{})

@@ -329,3 +329,29 @@ func TestForgetGroupDeletesItsRetries(t *testing.T) {
 	ferrytest.WaitFor(t, 0, "the new message", func() bool { return again.distinct() == 1 }, again.wake)
 	assert.Empty(t, again.seen("f0"), "the forgotten group's retry came back")
 }
+
+// TestRetryNotCountedWhenGivenUp: a handler whose context the drain
+// timeout cancels fails because its queue is given up, not because of the
+// message: the next owner gets it at once, as attempt 1, once (it went to
+// the retry topic, due after the backoff, with the attempt counted).
+func TestRetryNotCountedWhenGivenUp(t *testing.T) {
+	clock := ferrytest.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	b := newTopic(t, 1, ferry.WithClock(clock))
+	holding := make(chan struct{}, 1)
+	a, err := b.NewConsumer("g", "t", ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		holding <- struct{}{}
+		<-ctx.Done() // until the drain timeout gives up
+		return ctx.Err()
+	}), ferry.WithRetry(3, time.Hour), ferry.WithDrainTimeout(10*time.Millisecond), ferry.WithConcurrency(1), ferry.WithMemberID("a"))
+	require.NoError(t, err)
+	require.NoError(t, a.Start(t.Context()))
+	produce(t, b, "t", "x", 1, 1)
+	waitFor(t, holding, "a handles x0")
+	require.NoError(t, a.Close())
+	assert.Zero(t, a.Stats().Retried)
+
+	log := newAttemptLog(clock, func(string, int) error { return nil })
+	startConsumer(t, b, "g", log.handler(), ferry.WithMemberID("b"))
+	ferrytest.WaitFor(t, 0, "x0 at the next owner, the clock standing still", func() bool { return log.distinct() == 1 }, log.wake)
+	assert.Equal(t, []int{1}, log.seen("x0"))
+}
