@@ -165,9 +165,9 @@ func (d *deliverer) ensureRetry(ctx context.Context) error {
 // ensureRetry starts the consumer's member of its retry topic, creating
 // the topic if create is set (else only if the topic exists), unless it
 // runs; a closing consumer only creates the topic (a failure while it
-// drains goes there, for the group's next members). The start is not under retryMu, so
-// that a Close does not wait for it (it closes the member, which ends the
-// start).
+// drains goes there, for the group's next members). The start is not
+// under retryMu, so that a Close does not wait for it (it closes the
+// member, which ends the start).
 func (c *Consumer) ensureRetry(ctx context.Context, create bool) error {
 	c.retryMu.Lock()
 	if c.retry != nil {
