@@ -50,5 +50,9 @@
 // [FakeCoordinator] is a [ferry.Coordinator] whose sessions expire and
 // whose leases are lost on demand, as a distributed coordinator's do when
 // a member goes silent or a renewal fails, so consumers can be tested
-// through those failures within one process.
+// through those failures within one process. [FakeClock] is a
+// [ferry.Clock] that moves only when told ([FakeClock.Advance]): given to
+// a broker with [ferry.WithClock], it runs delayed messages and retry
+// backoffs of hours in milliseconds, and a test can check that nothing
+// arrives before its time.
 package ferrytest
