@@ -47,7 +47,7 @@ func singleServer(t testing.TB) *cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+		s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, JetStreamMaxStore: testMaxStore, NoLog: true, NoSigs: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +92,7 @@ func newTriple(t testing.TB) *cluster {
 			t.Fatal(err)
 		}
 		opts := &server.Options{
-			ServerName: fmt.Sprintf("n%d", i), Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
+			ServerName: fmt.Sprintf("n%d", i), Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, JetStreamMaxStore: testMaxStore, NoLog: true, NoSigs: true,
 			Cluster: server.ClusterOpts{Name: "ferry", Host: "127.0.0.1", Port: ports[i]},
 			Routes:  server.RoutesFromStr(routes),
 		}
@@ -180,3 +180,11 @@ func (c *cluster) connect(t testing.TB) jetstream.JetStream {
 	}
 	return js
 }
+
+// testMaxStore is the embedded servers' JetStream storage limit. Every
+// stream of a topic with the default retention reserves its MaxBytes
+// (256 MiB) against it; by default it is a share of the free disk, which
+// differs from machine to machine, so the suites could fail on a smaller
+// disk ("insufficient storage resources available") though they write
+// little. A reservation is accounting, not space used.
+const testMaxStore = 1 << 40
