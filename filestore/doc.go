@@ -130,7 +130,9 @@
 // its bounds, and exactly its bounds when a bound is 15 messages or fewer.
 // With [ferry.Block] overflow the queue implements [ferry.TryWriter] and
 // [ferry.Releaser]: a write waits until released segments can be deleted
-// to make room.
+// to make room; a Block queue with no bound (both Unlimited), whose
+// writes never need room, deletes its wholly released sealed segments at
+// once (Ferry's delay levels are such queues).
 //
 // # Reads
 //
