@@ -29,14 +29,16 @@ type MemoryQueue struct {
 	bytes    int64   // sum of Size over msgs[head:]
 	released int64   // Block: offsets below may be dropped
 	readers  []chan struct{}
+	parked   []*readWaiter // fetch loops parked at the end (see readParker)
 	space    chan struct{} // closed when room may have appeared
 	closed   bool
 }
 
 var (
-	_ Queue     = (*MemoryQueue)(nil)
-	_ TryWriter = (*MemoryQueue)(nil)
-	_ Releaser  = (*MemoryQueue)(nil)
+	_ Queue      = (*MemoryQueue)(nil)
+	_ TryWriter  = (*MemoryQueue)(nil)
+	_ Releaser   = (*MemoryQueue)(nil)
+	_ readParker = (*MemoryQueue)(nil)
 )
 
 // NewMemoryQueue returns an empty queue with the given identity and
@@ -174,13 +176,52 @@ func (q *MemoryQueue) trim(now time.Time, n, size int64) {
 	q.head = 0
 }
 
-// wakeReaders wakes every blocked reader. q.mu must be held.
+// wakeReaders wakes every blocked reader and parked fetch loop. q.mu
+// must be held.
 func (q *MemoryQueue) wakeReaders() {
 	for _, ch := range q.readers {
 		ch <- struct{}{} // capacity 1, and each reader is listed once
 	}
 	clear(q.readers)
 	q.readers = q.readers[:0]
+	for _, w := range q.parked {
+		w.listed = false
+		w.wake()
+	}
+	clear(q.parked)
+	q.parked = q.parked[:0]
+}
+
+// park implements readParker.
+func (q *MemoryQueue) park(offset int64, w *readWaiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || offset != q.base+int64(len(q.msgs)-q.head) {
+		q.unparkLocked(w)
+		return false // readable, out of range or closed: Read says which
+	}
+	if !w.listed {
+		w.listed = true
+		q.parked = append(q.parked, w)
+	}
+	return true
+}
+
+// unpark implements readParker.
+func (q *MemoryQueue) unpark(w *readWaiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.unparkLocked(w)
+}
+
+func (q *MemoryQueue) unparkLocked(w *readWaiter) {
+	if !w.listed {
+		return
+	}
+	w.listed = false
+	if i := slices.Index(q.parked, w); i >= 0 {
+		q.parked = slices.Delete(q.parked, i, i+1)
+	}
 }
 
 // wakeWriters wakes writers waiting for room. q.mu must be held.

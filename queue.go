@@ -57,6 +57,28 @@ func queueOffsets(ctx context.Context, q ReadableQueue) (oldest, next int64, err
 	return oldest, next, nil
 }
 
+// readParker is implemented by queues on which a consumer's fetch loop
+// can wait for the next write with no goroutine of its own (the memory
+// queue): 10,000 idle consumers then park 10,000 small structs, not
+// 10,000 goroutines blocked in Read.
+type readParker interface {
+	// park lists w, to be woken by the next write (or Close), when
+	// offset is the queue's next offset, and reports true; otherwise
+	// (offset readable, out of range, or the queue closed) it lists
+	// nothing and reports false: Read at offset does not block.
+	park(offset int64, w *readWaiter) bool
+	// unpark unlists w.
+	unpark(w *readWaiter)
+}
+
+// readWaiter is a fetch loop parked on a queue: wake is called once per
+// park, with the queue's lock held, so it must neither block nor call
+// the queue.
+type readWaiter struct {
+	wake   func()
+	listed bool // guarded by the queue's lock
+}
+
 // Queue is one partition of a topic: an append-only log with contiguous
 // offsets from 0. Close is idempotent; every other method returns
 // [ErrClosed] after it (Offsets returns what it last knew).

@@ -49,12 +49,25 @@ type queueRun struct {
 	lost      atomic.Bool   // the lease was lost (or fenced): no commit from now on
 	paused    atomic.Bool   // no fetch and no take until resumed (see Consumer.Pause)
 	seeking   atomic.Bool   // a seek waits for the in-flight messages: no take
-	resumed   chan struct{} // a value when paused turns false
 	// seeks carries Consumer.Seek's requests to the fetch loop; fcancel
 	// cancels the fetch loop's current Read or Put so that it takes one.
 	seeks   chan seekReq
 	fetchMu sync.Mutex // guards fcancel
 	fcancel context.CancelFunc
+
+	// The fetch loop runs only while there is something to fetch: parked
+	// (at the end of a queue that can wake it, see readParker, or
+	// paused), it has no goroutine. kicks counts the wake-ups since its
+	// goroutine last checked: the one that moves it from 0 starts one.
+	// Its state lives here between goroutines.
+	kicks     atomic.Int64
+	waiter    readWaiter
+	scratch   []*EnhancedMessage
+	limit     int
+	fctx      context.Context
+	stopWake  func() bool // unregisters the wake-up at the end of ctx
+	readyOnce func()      // closes ready
+	stopWatch func()      // stops watching the lease
 
 	inReady bool // guarded by m.sched.mu
 
@@ -67,7 +80,6 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r := &queueRun{
 		m: m, q: q, id: QueueID{Topic: m.topic, Queue: q}, t: m.view.Load().t, sess: sess,
 		buf:     newBuffer(m.cfg.buffer),
-		resumed: make(chan struct{}, 1),
 		seeks:   make(chan seekReq, 1),
 		ready:   make(chan struct{}),
 		done:    make(chan struct{}),
@@ -79,16 +91,11 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	return r
 }
 
-// run takes the queue, fetches until released, then releases it.
+// run takes the queue and starts fetching; the fetch loop releases it.
 func (r *queueRun) run() {
 	m := r.m
-	defer m.wg.Done()
-	defer m.runEnded(r) // after done is closed
-	defer close(r.done)
-	defer r.hcancel()
 	urgent.Add(1) // until the queue is taken, or the take gives up
-	readyOnce := sync.OnceFunc(func() { urgent.Add(-1); close(r.ready) })
-	defer readyOnce()
+	r.readyOnce = sync.OnceFunc(func() { urgent.Add(-1); close(r.ready) })
 	lease, err := r.sess.Lock(r.ctx, r.q)
 	if err != nil {
 		if r.ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
@@ -103,11 +110,11 @@ func (r *queueRun) run() {
 			t.Stop()
 		}
 		r.finished.Store(true)
+		r.end(false)
 		return
 	}
 	r.lease = lease
-	defer r.unlock()
-	defer r.watchLost()()
+	r.stopWatch = r.watchLost()
 	start, err := r.load()
 	if err != nil {
 		if r.ctx.Err() == nil {
@@ -115,17 +122,75 @@ func (r *queueRun) run() {
 		}
 		r.finished.Store(true)
 		<-r.ctx.Done()
+		r.end(true)
 		return
 	}
 	r.buf.Reset(start)
 	r.owned.Store(true)
 	r.callback("assigned", m.cfg.onAssigned)
 	m.hooks.onRebalanced(m.scope, m.cfg.memberID, r.id, true)
-	readyOnce()
-	r.fetch()
+	r.readyOnce()
+	r.limit = min(maxFetchBatch, max(1, r.buf.highMsgs))
+	r.scratch = make([]*EnhancedMessage, min(minFetchBatch, r.limit))
+	r.fctx = r.fetchContext()
+	r.waiter.wake = r.kick
+	r.kicks.Store(1) // this goroutine is the fetch loop's
+	r.stopWake = context.AfterFunc(r.ctx, r.kick) // a parked loop must release
+	r.fetchLoop()
+}
+
+// kick wakes the fetch loop: it starts a goroutine for it if it is
+// parked. It neither blocks nor calls the queue (see readWaiter).
+func (r *queueRun) kick() {
+	if r.kicks.Add(1) == 1 {
+		go r.fetchLoop()
+	}
+}
+
+// ended is kicks' value once the fetch loop has ended: no kick starts it
+// again.
+const ended = 1 << 62
+
+// fetchLoop runs the fetch loop until it parks with no kick since its
+// last check, or until the run is released, which it completes.
+func (r *queueRun) fetchLoop() {
+	for {
+		n := r.kicks.Load()
+		if r.fetch() {
+			r.kicks.Store(ended)
+			r.finish()
+			return
+		}
+		if r.kicks.CompareAndSwap(n, 0) {
+			return // parked: the next kick starts a goroutine
+		}
+	}
+}
+
+// finish releases the queue once the fetch loop has stopped.
+func (r *queueRun) finish() {
+	m := r.m
+	r.stopWake()
+	if p, ok := r.queue.(readParker); ok {
+		p.unpark(&r.waiter)
+	}
 	r.release()
 	r.callback("revoked", m.cfg.onRevoked)
 	m.hooks.onRebalanced(m.scope, m.cfg.memberID, r.id, false)
+	r.end(true)
+}
+
+// end ends the run: it unlocks the queue (if locked) and tells the member.
+func (r *queueRun) end(locked bool) {
+	if locked {
+		r.stopWatch()
+		r.unlock()
+	}
+	r.readyOnce()
+	r.hcancel()
+	close(r.done)
+	r.m.runEnded(r)
+	r.m.wg.Done()
 }
 
 // callback calls f (a rebalance callback) with the queue, reporting a
@@ -257,32 +322,30 @@ func (r *queueRun) resetTo(from, oldest, next int64) int64 {
 	return to
 }
 
-// fetch reads batches from the queue into the buffer until released.
-func (r *queueRun) fetch() {
+// fetch reads batches from the queue into the buffer until released
+// (true) or parked (false: paused, or at the end of a queue that wakes it
+// with a kick).
+func (r *queueRun) fetch() bool {
 	m := r.m
-	limit := min(maxFetchBatch, max(1, r.buf.highMsgs))
-	scratch := make([]*EnhancedMessage, min(minFetchBatch, limit))
-	fctx := r.fetchContext()
 	for {
 		select {
 		case req := <-r.seeks:
 			r.seek(req)
-			fctx = r.fetchContext()
+			r.fctx = r.fetchContext()
 			continue
 		default:
 		}
-		if r.paused.Load() {
-			select {
-			case <-r.resumed:
-			case req := <-r.seeks:
-				r.seek(req)
-				fctx = r.fetchContext()
-			case <-r.ctx.Done():
-				return
-			}
-			continue
+		if r.ctx.Err() != nil {
+			return true
 		}
+		if r.paused.Load() {
+			return false // setPaused(false), a seek or the release kicks it
+		}
+		fctx, scratch := r.fctx, r.scratch
 		next := r.buf.Next()
+		if p, ok := r.queue.(readParker); ok && p.park(next, &r.waiter) {
+			return false // the next write kicks it
+		}
 		n, err := r.queue.Read(fctx, next, scratch)
 		if err == nil {
 			err = checkRead(r.queue, next, scratch, n)
@@ -290,7 +353,7 @@ func (r *queueRun) fetch() {
 		if err != nil {
 			switch {
 			case r.ctx.Err() != nil:
-				return
+				return true
 			case fctx.Err() != nil:
 				continue // a seek: the loop takes it
 			case errors.Is(err, ErrOffsetOutOfRange):
@@ -308,7 +371,7 @@ func (r *queueRun) fetch() {
 				err = oerr
 			case errors.Is(err, ErrClosed):
 				<-r.ctx.Done() // the broker is closing; it closes us too
-				return
+				return true
 			}
 			m.report(errorf("ferry: fetch %s: %w", r.id, err))
 			t := time.NewTimer(readErrorBackoff)
@@ -316,7 +379,7 @@ func (r *queueRun) fetch() {
 			case <-t.C:
 			case <-r.ctx.Done():
 				t.Stop()
-				return
+				return true
 			}
 			continue
 		}
@@ -343,7 +406,7 @@ func (r *queueRun) fetch() {
 			}
 			if err != nil {
 				clear(scratch)
-				return // released while paused
+				return true // released while paused
 			}
 			batch = batch[k:]
 		}
@@ -355,8 +418,8 @@ func (r *queueRun) fetch() {
 			m.markDirty() // all filtered out: the cursor moves without a handler
 		}
 		clear(scratch[:n])
-		if n == len(scratch) && n < limit { // a backlog: read more at a time
-			scratch = make([]*EnhancedMessage, min(2*n, limit))
+		if n == len(scratch) && n < r.limit { // a backlog: read more at a time
+			r.scratch = make([]*EnhancedMessage, min(2*n, r.limit))
 		}
 	}
 }
@@ -395,6 +458,7 @@ func (r *queueRun) requestSeek(ctx context.Context, req seekReq) bool {
 		r.fcancel()
 	}
 	r.fetchMu.Unlock()
+	r.kick()
 	return true
 }
 
@@ -458,10 +522,7 @@ func (r *queueRun) setPaused(p bool) {
 	if r.paused.Swap(p) == p || p {
 		return
 	}
-	select {
-	case r.resumed <- struct{}{}:
-	default:
-	}
+	r.kick()
 	if r.buf.Pending() > 0 {
 		r.m.sched.push(r)
 	}
