@@ -42,13 +42,13 @@ type queueRun struct {
 	ready   chan struct{} // closed once the queue is taken (or the take gave up)
 	done    chan struct{} // closed when the run has released the queue
 
-	owned     atomic.Bool   // lock held and cursor loaded
-	dropped   atomic.Bool   // revoked by a rebalance: the member does not take it again when it ends
-	releasing atomic.Bool   // revoked: no take from the buffer, no retry starts
-	finished  atomic.Bool   // drained (or the drain gave up): no handling starts
-	lost      atomic.Bool   // the lease was lost (or fenced): no commit from now on
-	paused    atomic.Bool   // no fetch and no take until resumed (see Consumer.Pause)
-	seeking   atomic.Bool   // a seek waits for the in-flight messages: no take
+	owned     atomic.Bool // lock held and cursor loaded
+	dropped   atomic.Bool // revoked by a rebalance: the member does not take it again when it ends
+	releasing atomic.Bool // revoked: no take from the buffer, no retry starts
+	finished  atomic.Bool // drained (or the drain gave up): no handling starts
+	lost      atomic.Bool // the lease was lost (or fenced): no commit from now on
+	paused    atomic.Bool // no fetch and no take until resumed (see Consumer.Pause)
+	seeking   atomic.Bool // a seek waits for the in-flight messages: no take
 	// seeks carries Consumer.Seek's requests to the fetch loop; fcancel
 	// cancels the fetch loop's current Read or Put so that it takes one.
 	seeks   chan seekReq
@@ -79,10 +79,10 @@ type queueRun struct {
 func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r := &queueRun{
 		m: m, q: q, id: QueueID{Topic: m.topic, Queue: q}, t: m.view.Load().t, sess: sess,
-		buf:     newBuffer(m.cfg.buffer),
-		seeks:   make(chan seekReq, 1),
-		ready:   make(chan struct{}),
-		done:    make(chan struct{}),
+		buf:   newBuffer(m.cfg.buffer),
+		seeks: make(chan seekReq, 1),
+		ready: make(chan struct{}),
+		done:  make(chan struct{}),
 	}
 	r.queue = r.t.queues[q]
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -134,7 +134,7 @@ func (r *queueRun) run() {
 	r.scratch = make([]*EnhancedMessage, min(minFetchBatch, r.limit))
 	r.fctx = r.fetchContext()
 	r.waiter.wake = r.kick
-	r.kicks.Store(1) // this goroutine is the fetch loop's
+	r.kicks.Store(1)                              // this goroutine is the fetch loop's
 	r.stopWake = context.AfterFunc(r.ctx, r.kick) // a parked loop must release
 	r.fetchLoop()
 }
