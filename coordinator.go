@@ -173,6 +173,9 @@ func (c *MemoryCoordinator) notifyLocked(g GroupKey) {
 		case s.changed <- struct{}{}:
 		default: // a change is already pending
 		}
+		if s.onEvent != nil {
+			s.onEvent()
+		}
 	}
 }
 
@@ -224,8 +227,20 @@ type memSession struct {
 	done    chan struct{}
 	members atomicSlice
 
-	leases map[int]*memLease // guarded by c.mu
-	ended  bool              // guarded by c.mu
+	leases  map[int]*memLease // guarded by c.mu
+	ended   bool              // guarded by c.mu
+	onEvent func()            // guarded by c.mu: see notify
+}
+
+// notify implements sessionNotifier.
+func (s *memSession) notify(f func()) bool {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if s.ended {
+		return false
+	}
+	s.onEvent = f
+	return true
 }
 
 func (s *memSession) Changed() <-chan struct{} { return s.changed }
@@ -294,6 +309,9 @@ func (s *memSession) endLocked(lost bool) {
 		s.c.notifyLocked(s.g)
 	}
 	close(s.done)
+	if s.onEvent != nil {
+		s.onEvent()
+	}
 }
 
 // memLease is a lease of the memory coordinator.
@@ -357,6 +375,17 @@ func (l *memLease) afterLost(f func()) bool {
 // consumer watches them without a goroutine each.
 type lostNotifier interface {
 	afterLost(f func()) bool
+}
+
+// sessionNotifier is implemented by the sessions of this package's
+// coordinator: notify arranges for f to be called after every membership
+// change and when the session ends, so that a consumer follows its
+// membership with no goroutine waiting on Changed and Done. f is called
+// with the coordinator's lock held: it must neither block nor call the
+// coordinator. notify reports false, arranging nothing, if the session
+// has ended.
+type sessionNotifier interface {
+	notify(f func()) bool
 }
 
 // atomicSlice holds a sorted member list, replaced whole.

@@ -75,6 +75,13 @@ type groupMember struct {
 	// membership change (the consumer starts reading its retry topic
 	// once it exists).
 	onChanged func()
+
+	// The membership loop's state (see startLoop).
+	kicks    atomic.Int64
+	changed  atomic.Bool // the membership changed since the loop last looked
+	stopKick func() bool // unregisters the kick at the end of life
+	sess     Session     // the loop's
+	first    bool        // the loop's: the first assignment is to come
 }
 
 // closing reports whether close has begun.
@@ -119,6 +126,7 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 		}
 	}
 	m.sched.init()
+	m.kicks.Store(noKick) // until startLoop
 	return m
 }
 
@@ -181,8 +189,7 @@ func (m *groupMember) join(ctx context.Context, spawn func()) error {
 	if spawn != nil {
 		spawn() // before the loop, which may release queues at once
 	}
-	m.wg.Add(1)
-	go m.loop(sess)
+	m.startLoop(sess)
 	m.mu.Unlock()
 	return nil
 }
@@ -338,64 +345,149 @@ func (m *groupMember) closeFailed(err error) {
 	}
 }
 
-// loop follows membership until stop, then releases every queue, leaves
-// the group and stops the workers. When the session expires (every lease
-// is lost with it), it joins again.
-func (m *groupMember) loop(sess Session) {
-	defer m.wg.Done()
-	first := true
-	settle := func(runs []*queueRun) {
-		if first {
-			m.mu.Lock()
-			m.firstRuns = runs
-			m.mu.Unlock()
-			close(m.assignedFirst)
-			first = false
+// The membership loop follows the group until stop, then releases every
+// queue, leaves the group and stops the workers; when the session expires
+// (every lease is lost with it), it joins again. It runs only while it
+// has events to handle: its goroutine starts with a kick (a membership
+// change, the session's end, the topic's growth, a run's end, close) and
+// ends once nothing is pending, so an idle member keeps none. Its state
+// (sess, first) is touched only by the goroutine running it.
+
+// startLoop starts following sess; the member's WaitGroup counts the
+// loop until it ends.
+func (m *groupMember) startLoop(sess Session) {
+	m.wg.Add(1)
+	m.sess = sess
+	m.first = true
+	m.changed.Store(true) // the join changed the membership
+	m.stopKick = context.AfterFunc(m.life, m.kick)
+	m.watch(sess)
+	m.kicks.Store(0) // what kicked before is pending: the loop sees it
+	m.kick()
+}
+
+// kick wakes the membership loop, starting its goroutine if it has none.
+// It neither blocks nor calls the coordinator (see sessionNotifier).
+func (m *groupMember) kick() {
+	if m.kicks.Add(1) == 1 {
+		go m.loop()
+	}
+}
+
+// sessionEvent is a membership change, or the session's end.
+func (m *groupMember) sessionEvent() {
+	m.changed.Store(true)
+	m.kick()
+}
+
+// watch makes sess's events kick the loop: through the session itself
+// when it can (this package's coordinator), through a goroutine watching
+// Changed and Done otherwise.
+func (m *groupMember) watch(sess Session) {
+	if n, ok := sess.(sessionNotifier); ok {
+		if !n.notify(m.sessionEvent) {
+			m.kick() // ended already: the loop sees Done
+		}
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		for {
+			select {
+			case <-sess.Changed():
+				m.sessionEvent()
+			case <-sess.Done():
+				m.kick()
+				return
+			case <-m.stop:
+				return
+			}
+		}
+	}()
+}
+
+// loop runs the membership loop until nothing is pending and no kick
+// came since it last looked, or until it ends.
+func (m *groupMember) loop() {
+	for {
+		n := m.kicks.Load()
+		if m.step() {
+			m.kicks.Store(noKick)
+			m.stopKick()
+			m.endLoop()
+			return
+		}
+		if m.kicks.CompareAndSwap(n, 0) {
+			return
 		}
 	}
-	defer func() {
-		m.rebalance(nil, nil)
-		if sess != nil {
-			m.leave(sess)
-		}
-		settle(nil)
-		m.sched.halt() // no worker starts from now on
+}
+
+// settle records the runs of the first assignment, for Start.
+func (m *groupMember) settle(runs []*queueRun) {
+	if m.first {
 		m.mu.Lock()
-		m.halted = true // no committer starts either
+		m.firstRuns = runs
 		m.mu.Unlock()
-		close(m.halt)
-		m.markDirty()
-	}()
+		close(m.assignedFirst)
+		m.first = false
+	}
+}
+
+// step handles what is pending; true when the member stops.
+func (m *groupMember) step() bool {
 	for {
 		select {
 		case <-m.stop:
-			return
-		case <-sess.Done():
+			return true
+		case <-m.sess.Done():
 			m.report(errorf("ferry: group %s member %q: %w: joining again", m.key, m.cfg.memberID, ErrSessionExpired))
 			m.rebalance(nil, nil) // the runs stopped when their leases were lost
-			if sess = m.rejoin(); sess == nil {
-				return
+			if m.sess = m.rejoin(); m.sess == nil {
+				return true
 			}
+			m.changed.Store(true)
+			m.watch(m.sess)
 		case <-m.retopic:
 			m.refreshView()
-			mine, _ := m.allocate(sess.Members())
-			m.rebalance(mine, sess)
+			mine, _ := m.allocate(m.sess.Members())
+			m.rebalance(mine, m.sess)
 		case <-m.rerun:
 			m.dropEnded()
-			mine, _ := m.allocate(sess.Members())
-			m.rebalance(mine, sess)
-		case <-sess.Changed():
-			mine, ok := m.allocate(sess.Members())
-			runs := m.rebalance(mine, sess)
+			mine, _ := m.allocate(m.sess.Members())
+			m.rebalance(mine, m.sess)
+		default:
+			if !m.changed.Swap(false) {
+				return false
+			}
+			mine, ok := m.allocate(m.sess.Members())
+			runs := m.rebalance(mine, m.sess)
 			if !ok {
 				runs = nil // a broken split: Start does not wait for locks that may never come
 			}
-			settle(runs)
+			m.settle(runs)
 			if m.onChanged != nil {
 				m.onChanged()
 			}
 		}
 	}
+}
+
+// endLoop releases every queue, leaves the group and stops the workers.
+func (m *groupMember) endLoop() {
+	defer m.wg.Done()
+	m.rebalance(nil, nil)
+	if m.sess != nil {
+		m.leave(m.sess)
+	}
+	m.settle(nil)
+	m.sched.halt() // no worker starts from now on
+	m.mu.Lock()
+	m.halted = true // no committer starts either
+	m.mu.Unlock()
+	close(m.halt)
+	m.markDirty()
 }
 
 // relockBackoff is the pause before a member takes a queue again whose
@@ -413,6 +505,7 @@ func (m *groupMember) runEnded(r *queueRun) {
 	case m.rerun <- struct{}{}:
 	default:
 	}
+	m.kick()
 }
 
 // dropEnded forgets the runs that ended without a rebalance revoking
@@ -459,6 +552,7 @@ func (m *groupMember) topicGrew() {
 	case m.retopic <- struct{}{}:
 	default:
 	}
+	m.kick()
 }
 
 // rejoinBackoff bounds the wait between two tries to join again.

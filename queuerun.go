@@ -88,6 +88,7 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.hctx, r.hcancel = context.WithCancel(context.Background())
 	r.committed = -1
+	r.kicks.Store(noKick) // until run starts the fetch loop
 	return r
 }
 
@@ -147,9 +148,10 @@ func (r *queueRun) kick() {
 	}
 }
 
-// ended is kicks' value once the fetch loop has ended: no kick starts it
-// again.
-const ended = 1 << 62
+// noKick is the value of a kick counter while no kick may start a
+// goroutine: before the loop starts, and once it has ended. A kick adds to
+// it, which leaves it far from 1.
+const noKick = 1 << 62
 
 // fetchLoop runs the fetch loop until it parks with no kick since its
 // last check, or until the run is released, which it completes.
@@ -157,7 +159,7 @@ func (r *queueRun) fetchLoop() {
 	for {
 		n := r.kicks.Load()
 		if r.fetch() {
-			r.kicks.Store(ended)
+			r.kicks.Store(noKick)
 			r.finish()
 			return
 		}

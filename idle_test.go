@@ -1,0 +1,56 @@
+package ferry_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry"
+)
+
+// An idle consumer on the memory storage parks no goroutine: neither its
+// membership loop nor its fetch loop nor a worker. Thousands of topics
+// with a consumer each must cost memory, not goroutines.
+func TestIdleConsumersParkNoGoroutine(t *testing.T) {
+	const topics = 200
+	ctx := context.Background()
+	b, err := ferry.NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	before := runtime.NumGoroutine()
+
+	var handled atomic.Int64
+	h := ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error {
+		handled.Add(1)
+		return nil
+	})
+	for i := range topics {
+		name := fmt.Sprintf("t%d", i)
+		require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: name, Queues: 1}))
+		c, err := b.NewConsumer("g", name, h)
+		require.NoError(t, err)
+		defer c.Close()
+		require.NoError(t, c.Start(ctx))
+	}
+	// What Start left behind winds down at once: nothing waits on a timer.
+	assert.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+topics/20 },
+		5*time.Second, 5*time.Millisecond, "goroutines after starting %d idle consumers: %d, before: %d", topics, runtime.NumGoroutine(), before)
+
+	for i := range topics {
+		_, err := p.Send(ctx, &ferry.Message{Topic: fmt.Sprintf("t%d", i), Body: []byte("x")})
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return handled.Load() == topics }, 10*time.Second, time.Millisecond)
+	// The workers and committers the messages started retire once idle.
+	assert.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+topics/20 },
+		10*time.Second, 10*time.Millisecond, "goroutines after the consumers went idle again: %d, before: %d", runtime.NumGoroutine(), before)
+}
