@@ -112,6 +112,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		// Workers start on demand, up to the concurrency, and retire
 		// when idle (see scheduler); the retry loop with the first retry.
 		c.m.sched.spawn = func() { go d.work() }
+		c.m.sched.inline = d.workInline
 		c.m.sched.wg = &c.m.wg
 		c.m.sched.max = c.m.cfg.concurrency
 	})

@@ -180,69 +180,117 @@ func (d *deliverer) record(elapsed time.Duration, n int) {
 }
 
 // worker is what a goroutine handling batches keeps between them: a
-// worker's, or a fetch loop's handling its own queue inline.
+// worker's, or a fetch loop's handling what it fetched (see
+// scheduler.handOff). Workers are pooled across consumers.
 type worker struct {
 	dctx     *deliveryCtx
 	batch    []*EnhancedMessage
 	finished []*EnhancedMessage
 	guard    *time.Timer // calls another worker when a batch runs long
-	yielded  time.Time   // when it last yielded the processor
+	sched    atomic.Pointer[scheduler]
+	yielded  time.Time // when it last yielded the processor
 	seq      uint
 }
 
-func (d *deliverer) newWorker() *worker {
-	m := d.m
-	w := &worker{
-		dctx:     &deliveryCtx{d: Delivery{Group: m.group, Member: m.cfg.memberID, MaxAttempts: m.cfg.maxAttempts}},
-		batch:    make([]*EnhancedMessage, 64),
-		finished: make([]*EnhancedMessage, 0, 64),
-		guard:    time.AfterFunc(time.Hour, m.sched.signal),
+var workerPool sync.Pool
+
+// getWorker returns a worker for d's consumer.
+func (d *deliverer) getWorker() *worker {
+	w, _ := workerPool.Get().(*worker)
+	if w == nil {
+		w = &worker{
+			dctx:     &deliveryCtx{},
+			batch:    make([]*EnhancedMessage, 64),
+			finished: make([]*EnhancedMessage, 0, 64),
+		}
+		w.guard = time.AfterFunc(time.Hour, func() {
+			if s := w.sched.Load(); s != nil {
+				s.signal()
+			}
+		})
+		w.guard.Stop()
 	}
-	w.guard.Stop()
+	m := d.m
+	w.dctx.d = Delivery{Group: m.group, Member: m.cfg.memberID, MaxAttempts: m.cfg.maxAttempts}
+	w.sched.Store(&m.sched)
 	return w
 }
 
-// work is one worker: it takes a batch from a buffer with pending
-// messages (or a due retry), handles it and marks what finished done: two
-// buffer locks per batch, one to take and one to mark done.
+// putWorker gives w back to the pool.
+func putWorker(w *worker) {
+	w.guard.Stop()
+	w.sched.Store(nil)
+	w.dctx.Context = nil
+	workerPool.Put(w)
+}
+
+// work is one worker goroutine: it takes batches from buffers with
+// pending messages (or due retries) until it has been idle for
+// workerIdle or the consumer halts.
 func (d *deliverer) work() {
 	m := d.m
 	defer m.wg.Done()
-	w := d.newWorker()
-	defer w.guard.Stop()
-	dctx := w.dctx
+	w := d.getWorker()
+	defer putWorker(w)
 	idle := time.NewTimer(workerIdle) // reused by every wait for work
 	idle.Stop()
 	for {
 		r, it := m.sched.next(context.Background(), m.halt, idle)
-		switch {
-		case it != nil:
-			if it.r.releasing.Load() {
-				it.r.buf.abandon(it.msg) // the next owner gets it again
-				continue
-			}
-			dctx.Context = it.r.hctx
-			var done bool
-			switch {
-			case it.resend:
-				done = d.retryOff(it.r, it.msg, it.attempt, it.cause, it.tries, it.id)
-			case it.cause != nil:
-				done = d.deadLetterOrRetry(it.r, it.msg, it.attempt, it.cause, it.tries)
-			default:
-				done = d.handle(dctx, it.r, it.msg, it.attempt)
-			}
-			dctx.flush(d)
-			if done {
-				it.r.buf.Done(it.msg)
-				m.finished(it.r)
-			}
-		case r != nil && m.cfg.ordered:
-			d.ordered(dctx, r, w.batch[:1])
-		case r != nil:
-			d.runBatch(w, r)
-		default:
+		if r == nil && it == nil {
 			return
 		}
+		d.serve(w, r, it)
+	}
+}
+
+// workInline is a worker in the caller's goroutine (a fetch loop's, see
+// scheduler.handOff), counted in already: it returns, counted out, once
+// nothing is listed.
+func (d *deliverer) workInline() {
+	m := d.m
+	defer m.wg.Done()
+	w := d.getWorker()
+	defer putWorker(w)
+	for {
+		r, it := m.sched.take(true)
+		if r == nil && it == nil {
+			return
+		}
+		d.serve(w, r, it)
+	}
+}
+
+// serve handles what a worker took: a run with pending messages or a
+// due retry. Two buffer locks per batch, one to take and one to mark
+// done.
+func (d *deliverer) serve(w *worker, r *queueRun, it *retryItem) {
+	m := d.m
+	dctx := w.dctx
+	switch {
+	case it != nil:
+		if it.r.releasing.Load() {
+			it.r.buf.abandon(it.msg) // the next owner gets it again
+			return
+		}
+		dctx.Context = it.r.hctx
+		var done bool
+		switch {
+		case it.resend:
+			done = d.retryOff(it.r, it.msg, it.attempt, it.cause, it.tries, it.id)
+		case it.cause != nil:
+			done = d.deadLetterOrRetry(it.r, it.msg, it.attempt, it.cause, it.tries)
+		default:
+			done = d.handle(dctx, it.r, it.msg, it.attempt)
+		}
+		dctx.flush(d)
+		if done {
+			it.r.buf.Done(it.msg)
+			m.finished(it.r)
+		}
+	case m.cfg.ordered:
+		d.ordered(dctx, r, w.batch[:1])
+	default:
+		d.runBatch(w, r)
 	}
 }
 

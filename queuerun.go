@@ -60,14 +60,17 @@ type queueRun struct {
 	// paused), it has no goroutine. kicks counts the wake-ups since its
 	// goroutine last checked: the one that moves it from 0 starts one.
 	// Its state lives here between goroutines.
-	kicks     atomic.Int64
-	waiter    readWaiter
-	scratch   []*EnhancedMessage
-	limit     int
-	fctx      context.Context
-	stopWake  func() bool // unregisters the wake-up at the end of ctx
-	readyOnce func()      // closes ready
-	stopWatch func()      // stops watching the lease
+	kicks   atomic.Int64
+	waiter  readWaiter
+	scratch []*EnhancedMessage
+	limit   int
+	// unsignaled: the loop listed the run with the scheduler without
+	// waking a taker (see fetch).
+	unsignaled bool
+	fctx       context.Context
+	stopWake   func() bool // unregisters the wake-up at the end of ctx
+	readyOnce  func()      // closes ready
+	stopWatch  func()      // stops watching the lease
 
 	inReady bool // guarded by m.sched.mu
 
@@ -160,12 +163,29 @@ func (r *queueRun) fetchLoop() {
 		n := r.kicks.Load()
 		if r.fetch() {
 			r.kicks.Store(noKick)
+			r.signal()
 			r.finish()
 			return
 		}
+		unsignaled := r.unsignaled // read while the loop's state is this goroutine's
+		r.unsignaled = false
 		if r.kicks.CompareAndSwap(n, 0) {
-			return // parked: the next kick starts a goroutine
+			// Parked: the next kick starts another goroutine. This one
+			// handles what it fetched, if a worker may start.
+			if unsignaled {
+				r.m.sched.handOff()
+			}
+			return
 		}
+		r.unsignaled = unsignaled
+	}
+}
+
+// signal wakes a taker for what the fetch loop listed quietly.
+func (r *queueRun) signal() {
+	if r.unsignaled {
+		r.unsignaled = false
+		r.m.sched.signal()
 	}
 }
 
@@ -332,6 +352,7 @@ func (r *queueRun) fetch() bool {
 	for {
 		select {
 		case req := <-r.seeks:
+			r.signal() // the seek waits for what is listed to be handled
 			r.seek(req)
 			r.fctx = r.fetchContext()
 			continue
@@ -348,6 +369,7 @@ func (r *queueRun) fetch() bool {
 		if p, ok := r.queue.(readParker); ok && p.park(next, &r.waiter) {
 			return false // the next write kicks it
 		}
+		r.signal() // the loop fetches on: a worker handles what it listed
 		n, err := r.queue.Read(fctx, next, scratch)
 		if err == nil {
 			err = checkRead(r.queue, next, scratch, n)
@@ -399,7 +421,14 @@ func (r *queueRun) fetch() bool {
 		seeked := false
 		for len(batch) > 0 {
 			k, err := r.buf.Put(fctx, batch)
-			if k > 0 {
+			switch {
+			case k == len(batch) && m.sched.inline != nil:
+				// Listed quietly: as the loop parks, its goroutine
+				// handles them (see fetchLoop), or it wakes a worker
+				// before it blocks (see signal).
+				m.sched.list(r)
+				r.unsignaled = true
+			case k > 0:
 				m.sched.push(r)
 			}
 			if err != nil && r.ctx.Err() == nil && fctx.Err() != nil {

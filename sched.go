@@ -20,6 +20,7 @@ type scheduler struct {
 	wake    chan struct{}
 
 	spawn   func()          // starts a worker (which calls next until it returns nil); nil: none
+	inline  func()          // runs a worker in the caller's goroutine until nothing is listed (see handOff); nil: none
 	wg      *sync.WaitGroup // the member's: a worker is counted in it before it starts
 	max     int             // the most workers
 	running int             // workers started and not retired
@@ -108,32 +109,64 @@ func (s *scheduler) pushRetry(it *retryItem) {
 // nil and retires.
 func (s *scheduler) next(ctx context.Context, halt <-chan struct{}, idle *time.Timer) (*queueRun, *retryItem) {
 	for {
-		s.mu.Lock()
-		var r *queueRun
-		var it *retryItem
-		if s.retries.len() > 0 {
-			it = s.retries.pop()
-		} else {
-			for s.ready.len() > 0 && r == nil {
-				r = s.ready.pop()
-				r.inReady = false
-				if r.releasing.Load() || r.paused.Load() || r.seeking.Load() {
-					r = nil // resume lists it again
-				}
-			}
-		}
-		more := s.retries.len() > 0 || s.ready.len() > 0
-		s.mu.Unlock()
-		if more {
-			s.signal()
-		}
-		if r != nil || it != nil {
+		if r, it := s.take(false); r != nil || it != nil {
 			return r, it
 		}
 		if s.wait(ctx, halt, idle) {
 			return nil, nil
 		}
 	}
+}
+
+// take pops a due retry or a run with pending messages, waking another
+// taker when more is listed. With nothing listed it returns nil, nil,
+// and, with retire, counts the calling worker out in the same critical
+// section (so that a wake-up from then on starts another).
+func (s *scheduler) take(retire bool) (*queueRun, *retryItem) {
+	s.mu.Lock()
+	var r *queueRun
+	var it *retryItem
+	if s.retries.len() > 0 {
+		it = s.retries.pop()
+	} else {
+		for s.ready.len() > 0 && r == nil {
+			r = s.ready.pop()
+			r.inReady = false
+			if r.releasing.Load() || r.paused.Load() || r.seeking.Load() {
+				r = nil // resume lists it again
+			}
+		}
+	}
+	more := s.retries.len() > 0 || s.ready.len() > 0
+	if retire && r == nil && it == nil {
+		s.running--
+	}
+	s.mu.Unlock()
+	if more {
+		s.signal()
+	}
+	return r, it
+}
+
+// handOff is called by a fetch loop that listed its run without waking
+// anyone (see queueRun.fetch) as it parks: it handles what is listed
+// itself, as a worker, when one may start (no goroutine is woken or
+// started for it), and wakes a taker otherwise.
+func (s *scheduler) handOff() {
+	if s.inline != nil {
+		s.mu.Lock()
+		start := s.spawn != nil && !s.halted && s.running < s.max
+		if start {
+			s.running++
+			s.wg.Add(1)
+		}
+		s.mu.Unlock()
+		if start {
+			s.inline()
+			return
+		}
+	}
+	s.signal()
 }
 
 // wait blocks until a wake-up (false), or halt, ctx's end or, for a
