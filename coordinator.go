@@ -266,10 +266,7 @@ func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
 		}
 		l := s.c.locks[k]
 		if l == nil {
-			s.c.tokens[k]++
-			l = &memLease{s: s, k: k, token: s.c.tokens[k], lost: make(chan struct{}), freed: make(chan struct{})}
-			s.c.locks[k] = l
-			s.leases[queue] = l
+			l = s.grantLocked(k)
 			s.c.mu.Unlock()
 			return l, nil
 		}
@@ -282,6 +279,36 @@ func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
 			return nil, errorf("ferry: lock %s queue %d: %w", s.g, queue, ctx.Err())
 		}
 	}
+}
+
+// grantLocked gives s the free lock k. s.c.mu held.
+func (s *memSession) grantLocked(k lockKey) *memLease {
+	s.c.tokens[k]++
+	l := &memLease{s: s, k: k, token: s.c.tokens[k], lost: make(chan struct{}), freed: make(chan struct{})}
+	s.c.locks[k] = l
+	s.leases[k.q] = l
+	return l
+}
+
+// tryLock implements lockTrier.
+func (s *memSession) tryLock(queue int) Lease {
+	if queue < 0 || queue >= MaxQueues {
+		return nil
+	}
+	k := lockKey{s.g, queue}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if s.ended || s.c.locks[k] != nil {
+		return nil
+	}
+	return s.grantLocked(k)
+}
+
+// lockTrier is implemented by the sessions of this package's
+// coordinator: tryLock is Lock without waiting, nil when Lock would wait
+// or fail (Lock then tells why).
+type lockTrier interface {
+	tryLock(queue int) Lease
 }
 
 func (s *memSession) Leave(ctx context.Context) error {

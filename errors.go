@@ -3,6 +3,7 @@ package ferry
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -87,3 +88,15 @@ type chainError struct {
 
 func (e *chainError) Error() string { return e.msg }
 func (e *chainError) Unwrap() error { return e.err }
+
+// topicNotFound is "ferry: topic: topic not found: <name>", wrapping
+// [ErrTopicNotFound], formatted only when read: looking up a topic that
+// does not exist is common (a consumer's retry topic, at Start) and
+// costs no formatting.
+type topicNotFound struct{ name string }
+
+func (e *topicNotFound) Error() string {
+	return "ferry: topic: " + strings.TrimPrefix(ErrTopicNotFound.Error(), "ferry: ") + ": " + strconv.Quote(e.name)
+}
+
+func (e *topicNotFound) Unwrap() error { return ErrTopicNotFound }

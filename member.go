@@ -191,6 +191,11 @@ func (m *groupMember) join(ctx context.Context, spawn func()) error {
 	}
 	m.startLoop(sess)
 	m.mu.Unlock()
+	// The loop's first turn (the first assignment) runs here: Start waits
+	// for it anyway.
+	if m.kicks.Add(1) == 1 {
+		m.loop()
+	}
 	return nil
 }
 
@@ -353,8 +358,8 @@ func (m *groupMember) closeFailed(err error) {
 // ends once nothing is pending, so an idle member keeps none. Its state
 // (sess, first) is touched only by the goroutine running it.
 
-// startLoop starts following sess; the member's WaitGroup counts the
-// loop until it ends.
+// startLoop starts following sess, the caller kicks the loop; the
+// member's WaitGroup counts the loop until it ends.
 func (m *groupMember) startLoop(sess Session) {
 	m.wg.Add(1)
 	m.sess = sess
@@ -362,8 +367,7 @@ func (m *groupMember) startLoop(sess Session) {
 	m.changed.Store(true) // the join changed the membership
 	m.stopKick = context.AfterFunc(m.life, m.kick)
 	m.watch(sess)
-	m.kicks.Store(0) // what kicked before is pending: the loop sees it
-	m.kick()
+	m.kicks.Store(0) // what kicked before is pending: the loop sees it; the caller kicks
 }
 
 // kick wakes the membership loop, starting its goroutine if it has none.
@@ -696,15 +700,40 @@ func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
 			m.runs[q.Queue] = r
 			started = append(started, r)
 			m.wg.Add(1)
-			go r.run()
 		}
 	}
 	m.mu.Unlock()
+	for _, r := range started {
+		m.startRun(r)
+	}
 	if len(lost) > 0 || len(started) > 0 {
 		m.b.log.Info("ferry: rebalance", "group", m.group, "topic", m.topic, "member", m.cfg.memberID,
 			"released", len(lost), "taking", len(started), "queues", mine)
 	}
 	return started
+}
+
+// startRun takes r's queue: in the caller's goroutine when its lock is
+// free and taking it is quick (the session can tell at once, the cursor
+// store is fast, and no WithOnAssigned callback is to run in the queue's
+// goroutine); in a goroutine of its own otherwise.
+func (m *groupMember) startRun(r *queueRun) {
+	if lt, ok := r.sess.(lockTrier); ok && m.cfg.onAssigned == nil && m.fastCursors() {
+		if lease := lt.tryLock(r.q); lease != nil {
+			r.taken(lease)
+			return
+		}
+	}
+	go r.run()
+}
+
+// fastCursors reports whether the cursor store commits in about a
+// microsecond: this package's memory store, or one measured so.
+func (m *groupMember) fastCursors() bool {
+	if _, ok := m.b.cursors.(*MemoryCursorStore); ok {
+		return true
+	}
+	return m.b.groups.commitCost.Load() <= int64(inlineCommitMax)
 }
 
 // inlineCommitMax is the longest a cursor commit may take, on average, for
@@ -718,7 +747,7 @@ const inlineCommitMax = 20 * time.Microsecond
 // otherwise (a store on disk, say, whose commits must not hold up the
 // handlers).
 func (m *groupMember) finished(r *queueRun) {
-	if m.b.groups.commitCost.Load() <= int64(inlineCommitMax) && r.tryCommit() {
+	if m.fastCursors() && r.tryCommit() {
 		return
 	}
 	m.markDirty()

@@ -483,7 +483,7 @@ func (s *MemoryStorage) Topic(ctx context.Context, name string) (TopicMeta, erro
 	}
 	meta, ok := s.topics[name]
 	if !ok {
-		return TopicMeta{}, errorf("ferry: topic: %w: %q", ErrTopicNotFound, name)
+		return TopicMeta{}, &topicNotFound{name: name}
 	}
 	return meta, nil
 }

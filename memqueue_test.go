@@ -207,3 +207,11 @@ func TestMemoryQueueReleaseDropsAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(5), first)
 }
+
+func TestMemoryStorageTopicNotFound(t *testing.T) {
+	s := ferry.NewMemoryStorage()
+	defer s.Close()
+	_, err := s.Topic(context.Background(), "nope")
+	require.ErrorIs(t, err, ferry.ErrTopicNotFound)
+	require.EqualError(t, err, `ferry: topic: topic not found: "nope"`)
+}

@@ -91,15 +91,16 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.hctx, r.hcancel = context.WithCancel(context.Background())
 	r.committed = -1
-	r.kicks.Store(noKick) // until run starts the fetch loop
+	r.kicks.Store(noKick) // until the fetch loop starts
+	urgent.Add(1)         // until the queue is taken, or the take gives up
+	r.readyOnce = sync.OnceFunc(func() { urgent.Add(-1); close(r.ready) })
 	return r
 }
 
-// run takes the queue and starts fetching; the fetch loop releases it.
+// run takes the queue (waiting for its lock) and starts fetching; the
+// fetch loop releases it.
 func (r *queueRun) run() {
 	m := r.m
-	urgent.Add(1) // until the queue is taken, or the take gives up
-	r.readyOnce = sync.OnceFunc(func() { urgent.Add(-1); close(r.ready) })
 	lease, err := r.sess.Lock(r.ctx, r.q)
 	if err != nil {
 		if r.ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
@@ -117,6 +118,15 @@ func (r *queueRun) run() {
 		r.end(false)
 		return
 	}
+	r.taken(lease)
+}
+
+// taken holds the queue's lease: it loads the cursor and starts the
+// fetch loop. It does not block (for long: a cursor load), so the member
+// calls it in its own goroutine when it got the lock at once (see
+// groupMember.startRun).
+func (r *queueRun) taken(lease Lease) {
+	m := r.m
 	r.lease = lease
 	r.stopWatch = r.watchLost()
 	start, err := r.load()
@@ -125,8 +135,7 @@ func (r *queueRun) run() {
 			m.report(err) // the queue stays locked and idle until a rebalance or Close
 		}
 		r.finished.Store(true)
-		<-r.ctx.Done()
-		r.end(true)
+		context.AfterFunc(r.ctx, func() { r.end(true) })
 		return
 	}
 	r.buf.Reset(start)
@@ -138,9 +147,17 @@ func (r *queueRun) run() {
 	r.scratch = make([]*EnhancedMessage, min(minFetchBatch, r.limit))
 	r.fctx = r.fetchContext()
 	r.waiter.wake = r.kick
-	r.kicks.Store(1)                              // this goroutine is the fetch loop's
+	r.kicks.Store(1) // the caller is the fetch loop; what kicked before is seen below
 	r.stopWake = context.AfterFunc(r.ctx, r.kick) // a parked loop must release
-	r.fetchLoop()
+	// At the end of a queue that wakes it, the loop parks at once: no
+	// goroutine is started for an idle queue.
+	if p, ok := r.queue.(readParker); ok {
+		n := r.kicks.Load()
+		if len(r.seeks) == 0 && r.ctx.Err() == nil && !r.paused.Load() && p.park(r.buf.Next(), &r.waiter) && r.kicks.CompareAndSwap(n, 0) {
+			return
+		}
+	}
+	go r.fetchLoop()
 }
 
 // kick wakes the fetch loop: it starts a goroutine for it if it is
@@ -317,7 +334,10 @@ func (r *queueRun) load() (int64, error) {
 		start = r.resetTo(cur, oldest, next)
 	}
 	if start != cur {
-		if err := r.commitCursor(r.ctx, start); err != nil {
+		began := time.Now()
+		err := r.commitCursor(r.ctx, start)
+		m.recordCommit(time.Since(began))
+		if err != nil {
 			return 0, errorf("ferry: take %s: %w", r.id, err)
 		}
 	}
