@@ -67,10 +67,16 @@ func BenchmarkStartConsumers(b *testing.B) {
 	}
 }
 
-// BenchmarkSpreadTopics sends messages round robin over 1,000 topics with
-// a consumer each: one op is one message, sent and handled.
+// BenchmarkSpreadTopics sends messages round robin over 1, 1,000 or
+// 10,000 topics with a consumer each: one op is one message, sent and
+// handled.
 func BenchmarkSpreadTopics(b *testing.B) {
-	const topics = 1000
+	for _, topics := range []int{1, 1000, 10000} {
+		b.Run(strconv.Itoa(topics), func(b *testing.B) { benchSpread(b, topics) })
+	}
+}
+
+func benchSpread(b *testing.B, topics int) {
 	ctx := context.Background()
 	br, err := ferry.NewBroker()
 	if err != nil {

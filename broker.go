@@ -40,6 +40,8 @@ type Broker struct {
 	clock  *coarseClock  // stamps messages
 	time   Clock         // delays and retries run on it (see WithClock)
 	delay  *delayer      // moves delayed messages
+	// runners run consumers' fetch loops when a write wakes them.
+	runners *runnerPool
 }
 
 // topicState is a topic and its open queues; immutable once published.
@@ -93,7 +95,7 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 			o(&c)
 		}
 	}
-	b := &Broker{storage: c.storage, cursors: c.cursors, coord: c.coord, log: c.log, clock: newCoarseClock(), hooks: newHookSet(nil, c.hooks)}
+	b := &Broker{storage: c.storage, cursors: c.cursors, coord: c.coord, log: c.log, clock: newCoarseClock(), hooks: newHookSet(nil, c.hooks), runners: newRunnerPool()}
 	if b.storage == nil {
 		b.storage, b.ownsStorage = NewMemoryStorage(), true
 	}
@@ -363,6 +365,7 @@ func (b *Broker) ForgetGroup(group, topic string) error {
 func (b *Broker) Close() error {
 	b.delay.close()
 	consumersErr := b.groups.closeAll()
+	b.runners.close()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed.Swap(true) {

@@ -89,13 +89,24 @@ func ValidateCursorsArgs(topic string, queues int) error {
 // MemoryCursorStore is the in-memory [CursorStore], the default, with
 // [CursorGroups]. It is safe for concurrent use.
 type MemoryCursorStore struct {
-	mu      sync.Mutex                    // guards offsets, tokens and closed
-	offsets map[string]map[string][]int64 // topic -> group -> offset per queue, -1 where none
-	tokens  map[cursorKey]uint64          // the token of the last fenced commit
+	mu      sync.Mutex                       // guards offsets, the cursors in it, and closed
+	offsets map[string]map[string]*memCursor // topic -> group -> its cursor
 	closed  bool
 }
 
-type cursorKey struct {
+// memCursor is one group's cursor on one topic. A consumer that took a
+// queue commits through a cursorSlot, which points at it: no map lookup
+// per commit.
+type memCursor struct {
+	offs   []int64  // per queue, -1 where none
+	tokens []uint64 // per queue, the token of the last fenced commit
+	gone   bool     // forgotten: a slot's commit goes through the maps again
+}
+
+// cursorSlot is one queue's cursor in a MemoryCursorStore.
+type cursorSlot struct {
+	s            *MemoryCursorStore
+	c            *memCursor
 	topic, group string
 	queue        int
 }
@@ -108,7 +119,7 @@ var (
 
 // NewMemoryCursorStore returns an empty store.
 func NewMemoryCursorStore() *MemoryCursorStore {
-	return &MemoryCursorStore{offsets: map[string]map[string][]int64{}, tokens: map[cursorKey]uint64{}}
+	return &MemoryCursorStore{offsets: map[string]map[string]*memCursor{}}
 }
 
 // ValidateCursorArgs checks the arguments CursorStore implementations share:
@@ -137,7 +148,11 @@ func (s *MemoryCursorStore) Load(ctx context.Context, topic, group string, queue
 	if s.closed {
 		return nil, errorf("ferry: load cursor: %w", ErrClosed)
 	}
-	return fillCursor(s.offsets[topic][group], queues), nil
+	var offs []int64
+	if c := s.offsets[topic][group]; c != nil {
+		offs = c.offs
+	}
+	return fillCursor(offs, queues), nil
 }
 
 // fillCursor returns offs as a cursor of queues offsets, -1 where offs
@@ -176,25 +191,65 @@ func (s *MemoryCursorStore) commit(ctx context.Context, topic, group string, que
 	if s.closed {
 		return errorf("ferry: commit cursor: %w", ErrClosed)
 	}
-	if fenced {
-		k := cursorKey{topic, group, queue}
-		if last := s.tokens[k]; token < last {
-			return errorf("ferry: commit cursor %s/%s[%d]: %w: token %d, last %d", topic, group, queue, ErrFenced, token, last)
-		}
-		s.tokens[k] = token
-	}
+	return s.commitLocked(s.cursorLocked(topic, group), topic, group, queue, offset, token, fenced)
+}
+
+// cursorLocked returns group's cursor on topic, making it. s.mu held.
+func (s *MemoryCursorStore) cursorLocked(topic, group string) *memCursor {
 	groups := s.offsets[topic]
 	if groups == nil {
-		groups = map[string][]int64{}
+		groups = map[string]*memCursor{}
 		s.offsets[topic] = groups
 	}
-	offs := groups[group]
-	for len(offs) <= queue {
-		offs = append(offs, -1)
+	c := groups[group]
+	if c == nil {
+		c = &memCursor{}
+		groups[group] = c
 	}
-	offs[queue] = offset
-	groups[group] = offs
+	return c
+}
+
+// commitLocked commits offset to c's queue. s.mu held.
+func (s *MemoryCursorStore) commitLocked(c *memCursor, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
+	for len(c.offs) <= queue {
+		c.offs = append(c.offs, -1)
+		c.tokens = append(c.tokens, 0)
+	}
+	if fenced {
+		if last := c.tokens[queue]; token < last {
+			return errorf("ferry: commit cursor %s/%s[%d]: %w: token %d, last %d", topic, group, queue, ErrFenced, token, last)
+		}
+		c.tokens[queue] = token
+	}
+	c.offs[queue] = offset
 	return nil
+}
+
+// slot returns queue's cursor of group on topic, for commitSlot; the
+// arguments must be valid (see ValidateCursorArgs).
+func (s *MemoryCursorStore) slot(topic, group string, queue int) *cursorSlot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &cursorSlot{s: s, c: s.cursorLocked(topic, group), topic: topic, group: group, queue: queue}
+}
+
+// commitSlot is CommitFenced of sl's queue, without the map lookups.
+func (sl *cursorSlot) commit(offset int64, token uint64) error {
+	s := sl.s
+	if offset < 0 {
+		return errorf("ferry: commit cursor: %w: offset %d", ErrOffsetOutOfRange, offset)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errorf("ferry: commit cursor: %w", ErrClosed)
+	}
+	c := sl.c
+	if c.gone {
+		c = s.cursorLocked(sl.topic, sl.group)
+		sl.c = c
+	}
+	return s.commitLocked(c, sl.topic, sl.group, sl.queue, offset, token, true)
 }
 
 // Cursors implements [CursorGroups].
@@ -211,8 +266,8 @@ func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues in
 		return Cursors{}, errorf("ferry: list cursors: %w", ErrClosed)
 	}
 	out := Cursors{Topic: topic, Groups: make(map[string]Cursor, len(s.offsets[topic]))}
-	for group, offs := range s.offsets[topic] {
-		out.Groups[group] = Cursor{Group: group, Offsets: fillCursor(offs, queues)}
+	for group, c := range s.offsets[topic] {
+		out.Groups[group] = Cursor{Group: group, Offsets: fillCursor(c.offs, queues)}
 	}
 	return out, nil
 }
@@ -230,14 +285,12 @@ func (s *MemoryCursorStore) Forget(ctx context.Context, topic, group string) err
 	if s.closed {
 		return errorf("ferry: forget cursor: %w", ErrClosed)
 	}
-	delete(s.offsets[topic], group)
+	if c := s.offsets[topic][group]; c != nil {
+		c.gone = true
+		delete(s.offsets[topic], group)
+	}
 	if len(s.offsets[topic]) == 0 {
 		delete(s.offsets, topic)
-	}
-	for k := range s.tokens {
-		if k.topic == topic && k.group == group {
-			delete(s.tokens, k)
-		}
 	}
 	return nil
 }

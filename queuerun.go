@@ -74,7 +74,8 @@ type queueRun struct {
 
 	inReady bool // guarded by m.sched.mu
 
-	commitMu  sync.Mutex // guards committed and released
+	cslot     *cursorSlot // the queue's cursor, when the store is a MemoryCursorStore
+	commitMu  sync.Mutex  // guards committed and released
 	committed int64
 	released  bool
 }
@@ -147,8 +148,10 @@ func (r *queueRun) taken(lease Lease) {
 	r.scratch = make([]*EnhancedMessage, min(minFetchBatch, r.limit))
 	r.fctx = r.fetchContext()
 	r.waiter.wake = r.kick
-	r.kicks.Store(1) // the caller is the fetch loop; what kicked before is seen below
-	r.stopWake = context.AfterFunc(r.ctx, r.kick) // a parked loop must release
+	// The caller is the fetch loop (what kicked before is seen below),
+	// and the end of ctx kicks a parked loop, to release.
+	r.kicks.Store(1)
+	r.stopWake = context.AfterFunc(r.ctx, r.kick)
 	// At the end of a queue that wakes it, the loop parks at once: no
 	// goroutine is started for an idle queue.
 	if p, ok := r.queue.(readParker); ok {
@@ -157,14 +160,14 @@ func (r *queueRun) taken(lease Lease) {
 			return
 		}
 	}
-	go r.fetchLoop()
+	r.m.b.runners.run(r.fetchLoop)
 }
 
 // kick wakes the fetch loop: it starts a goroutine for it if it is
 // parked. It neither blocks nor calls the queue (see readWaiter).
 func (r *queueRun) kick() {
 	if r.kicks.Add(1) == 1 {
-		go r.fetchLoop()
+		r.m.b.runners.run(r.fetchLoop)
 	}
 }
 
@@ -299,7 +302,12 @@ func (r *queueRun) unlock() {
 func (r *queueRun) commitCursor(ctx context.Context, off int64) error {
 	m := r.m
 	var err error
-	if fs, ok := m.b.cursors.(FencedCursorStore); ok {
+	if r.cslot != nil {
+		err = r.cslot.commit(off, r.lease.Token())
+		if errors.Is(err, ErrFenced) {
+			r.lose()
+		}
+	} else if fs, ok := m.b.cursors.(FencedCursorStore); ok {
 		err = fs.CommitFenced(ctx, m.topic, m.scope, r.q, off, r.lease.Token())
 		if errors.Is(err, ErrFenced) {
 			r.lose()
@@ -319,6 +327,9 @@ func (r *queueRun) load() (int64, error) {
 		return 0, errorf("ferry: take %s: %w", r.id, err)
 	}
 	m.b.groups.register(m.topic, m.scope, offs)
+	if ms, ok := m.b.cursors.(*MemoryCursorStore); ok {
+		r.cslot = ms.slot(m.topic, m.scope, r.q)
+	}
 	cur := offs[r.q]
 	oldest, next, err := queueOffsets(r.ctx, r.queue)
 	if err != nil {
