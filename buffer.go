@@ -259,6 +259,19 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 	return n, nil
 }
 
+// wouldWait reports whether a Put starting with m would wait for room.
+func (b *Buffer) wouldWait(m *EnhancedMessage) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.checkLocked(0, m) != nil {
+		return false // Put fails at once
+	}
+	if m.Offset >= b.next {
+		return !b.fitsLocked(m.Offset, int64(m.Size()))
+	}
+	return !b.fitsLocked(b.next, 0)
+}
+
 // checkLocked checks msgs[i], m, for Put. b.mu held.
 func (b *Buffer) checkLocked(i int, m *EnhancedMessage) error {
 	if m == nil {

@@ -54,3 +54,48 @@ func TestIdleConsumersParkNoGoroutine(t *testing.T) {
 	assert.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+topics/20 },
 		10*time.Second, 10*time.Millisecond, "goroutines after the consumers went idle again: %d, before: %d", runtime.NumGoroutine(), before)
 }
+
+// Handlers that wait for one another across many topics all get to run:
+// the fetch loops that a write wakes share a bounded pool of runners,
+// which must not leave a woken queue waiting behind handlers that block.
+func TestBlockedHandlersDoNotStarveOtherTopics(t *testing.T) {
+	const topics = 100 // many more than the runners the pool starts at once
+	ctx := context.Background()
+	b, err := ferry.NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+
+	var started atomic.Int64
+	all := make(chan struct{})
+	h := ferry.HandlerFunc(func(ctx context.Context, _ *ferry.EnhancedMessage) error {
+		if started.Add(1) == topics {
+			close(all)
+		}
+		select { // a barrier: every topic's handler must start
+		case <-all:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	for i := range topics {
+		name := fmt.Sprintf("t%d", i)
+		require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: name, Queues: 1}))
+		c, err := b.NewConsumer("g", name, h)
+		require.NoError(t, err)
+		defer c.Close()
+		require.NoError(t, c.Start(ctx))
+	}
+	for i := range topics {
+		_, err := p.Send(ctx, &ferry.Message{Topic: fmt.Sprintf("t%d", i), Body: []byte("x")})
+		require.NoError(t, err)
+	}
+	select {
+	case <-all:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d of %d handlers started", started.Load(), topics)
+	}
+}

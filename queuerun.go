@@ -397,10 +397,11 @@ func (r *queueRun) fetch() bool {
 		}
 		fctx, scratch := r.fctx, r.scratch
 		next := r.buf.Next()
-		if p, ok := r.queue.(readParker); ok && p.park(next, &r.waiter) {
+		if p, ok := r.queue.(readParker); !ok {
+			r.signal() // Read may block: a worker handles what the loop listed
+		} else if p.park(next, &r.waiter) {
 			return false // the next write kicks it
 		}
-		r.signal() // the loop fetches on: a worker handles what it listed
 		n, err := r.queue.Read(fctx, next, scratch)
 		if err == nil {
 			err = checkRead(r.queue, next, scratch, n)
@@ -425,9 +426,11 @@ func (r *queueRun) fetch() bool {
 				}
 				err = oerr
 			case errors.Is(err, ErrClosed):
+				r.signal()
 				<-r.ctx.Done() // the broker is closing; it closes us too
 				return true
 			}
+			r.signal()
 			m.report(errorf("ferry: fetch %s: %w", r.id, err))
 			t := time.NewTimer(readErrorBackoff)
 			select {
@@ -451,6 +454,9 @@ func (r *queueRun) fetch() bool {
 		}
 		seeked := false
 		for len(batch) > 0 {
+			if r.unsignaled && r.buf.wouldWait(batch[0]) {
+				r.signal() // Put waits for room: a worker must make it
+			}
 			k, err := r.buf.Put(fctx, batch)
 			switch {
 			case k == len(batch) && m.sched.inline != nil:
