@@ -32,6 +32,35 @@ type Producer struct {
 	// a topicState never changes, so a send to the same topic skips the
 	// broker's map lookup.
 	last atomic.Pointer[topicState]
+	// slab hands Send its envelopes (see envSlab).
+	slab atomic.Pointer[envSlab]
+}
+
+// envSlab is a block of envelopes a producer's Sends take one by one:
+// one allocation per slabSize messages instead of one each, and
+// neighbours in memory for a consumer reading them in order. A message
+// kept (by a backlog, a handler holding it) keeps its slab, the envelopes
+// of up to slabSize-1 other messages the producer sent about then: at
+// most 14 KB per kept message, and nothing more once the others are
+// gone too.
+type envSlab struct {
+	next atomic.Int32
+	ms   [slabSize]EnhancedMessage
+}
+
+const slabSize = 64
+
+// envelope returns a zeroed envelope from the producer's slab.
+func (p *Producer) envelope() *EnhancedMessage {
+	for {
+		s := p.slab.Load()
+		if s != nil {
+			if i := s.next.Add(1) - 1; i < slabSize {
+				return &s.ms[i]
+			}
+		}
+		p.slab.CompareAndSwap(s, new(envSlab)) // a racing Send may have put one: use it
+	}
 }
 
 // SendResult says where a message landed.
@@ -128,13 +157,13 @@ func (p *Producer) TrySend(m *Message) (SendResult, error) {
 }
 
 // send is Send, or TrySend when wait is false. For a MemoryQueue the
-// one-message batch stays on the stack, so a send allocates only the
-// message (192 bytes); other queues get a batch from the heap.
+// one-message batch stays on the stack, so a send allocates nothing but
+// its share of an envelope slab; other queues get a batch from the heap.
 func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult, error) {
 	if err := ctx.Err(); err != nil {
 		return SendResult{}, err
 	}
-	em := &EnhancedMessage{}
+	em := p.envelope()
 	now := p.b.clock.now()
 	t, i, err := p.prepare(ctx, m, em, now, reserveIDs(1))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -396,4 +397,48 @@ func TestSendBatchToOneQueue(t *testing.T) {
 	for _, r := range results {
 		assert.Equal(t, int64(-1), r.Offset)
 	}
+}
+
+// Concurrent Sends of one producer share its envelope slabs: each
+// message still gets an envelope of its own, holding what was sent.
+func TestConcurrentSendsGetOwnEnvelopes(t *testing.T) {
+	ctx := context.Background()
+	b, err := ferry.NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "t", Queues: 1}))
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	const senders, each = 8, 500
+	var wg sync.WaitGroup
+	for s := range senders {
+		wg.Go(func() {
+			for i := range each {
+				_, err := p.Send(ctx, &ferry.Message{Topic: "t", Key: strconv.Itoa(s), Body: []byte(strconv.Itoa(s*each + i))})
+				assert.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	q, err := b.Queue("t", 0)
+	require.NoError(t, err)
+	got := make([]*ferry.EnhancedMessage, senders*each)
+	for n := 0; n < len(got); {
+		k, err := q.Read(ctx, int64(n), got[n:])
+		require.NoError(t, err)
+		n += k
+	}
+	seen := map[*ferry.EnhancedMessage]bool{}
+	bodies := map[string]bool{}
+	for i, m := range got {
+		require.False(t, seen[m], "envelope of message %d shared", i)
+		seen[m] = true
+		require.Equal(t, int64(i), m.Offset)
+		v, err := strconv.Atoi(string(m.Body))
+		require.NoError(t, err)
+		require.Equal(t, strconv.Itoa(v/each), m.Key, "key and body of one Send")
+		bodies[string(m.Body)] = true
+	}
+	require.Len(t, bodies, senders*each)
 }
