@@ -37,13 +37,19 @@ func (f HandlerFunc) Handle(ctx context.Context, m *EnhancedMessage) error { ret
 // the queues the group assigns it and calls its [Handler] for each
 // message, at least once. See [Broker.NewConsumer].
 //
-// Start starts goroutines (a fetch loop per owned queue, a committer and
-// the membership loop; handler workers start when there are messages to
-// handle, up to [WithConcurrency], and retire after a second without
-// work, so an idle consumer parks none; a retry timer starts with the
+// A consumer runs goroutines only while it has work. Its membership loop
+// runs when the group changes; on the memory storage a queue's fetch
+// loop parks at the end of the queue with no goroutine, and the next
+// write wakes it on one of the broker's runners, which then runs the
+// handler for what it fetched, as one of the [WithConcurrency] workers;
+// more workers start when there are more messages than one handles in
+// about 50 µs, and retire after a second without work (on other storages
+// each owned queue keeps a fetch goroutine blocked in Read). A committer
+// starts when commits cannot be made in place, a retry timer with the
 // first retry in place, and a second member, reading the group's retry
-// topic, with the first retry off the queue); Close stops them and
-// returns when they have all returned. A Consumer is safe for concurrent
+// topic, with the first retry off the queue. So 10,000 idle consumers on
+// the memory storage keep no goroutine. Close stops what runs and
+// returns when it has all returned. A Consumer is safe for concurrent
 // use.
 type Consumer struct {
 	m *groupMember

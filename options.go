@@ -99,7 +99,8 @@ func WithMemberID(id string) ConsumerOption { return func(c *consumerConfig) { c
 
 // WithConcurrency sets the most goroutines that run the handler at once
 // (push only). They start when there is work for them and retire after a
-// second without any, so an idle consumer keeps none. Default:
+// second without any, so an idle consumer keeps none; the first is often
+// the goroutine that fetched the messages (see [Consumer]). Default:
 // [DefaultConcurrency]. With [Ordered] a queue is still handled by
 // one goroutine at a time. The goroutines share a queue's messages as far
 // as it pays: the consumer times the handler, and a goroutine handles
@@ -223,7 +224,8 @@ func WithOnAssigned(f func(QueueID)) ConsumerOption {
 // the queue for the next owner: release what [WithOnAssigned] opened. It
 // is called too when the queue's lease was lost (no drain and no commit
 // then: the next owner may have it already). Called once per queue, from
-// that queue's goroutine; a panic in it is reported. Default: none.
+// the goroutine releasing it, so for different queues at once; a panic
+// in it is reported. Default: none.
 func WithOnRevoked(f func(QueueID)) ConsumerOption {
 	return func(c *consumerConfig) { c.onRevoked = f }
 }

@@ -17,9 +17,10 @@ import (
 // after a rebalance or restart (and holds the queue's flow control
 // meanwhile: see [WithMaxSpan]).
 //
-// Start (or the first Poll) starts goroutines: a fetch loop per owned
-// queue, a committer and the membership loop; Close stops them and waits.
-// A PullConsumer is safe for concurrent use.
+// Start (or the first Poll) joins the group; the fetch loops, the
+// committer and the membership loop run as for a [Consumer], only while
+// they have work. Close stops them and waits. A PullConsumer is safe for
+// concurrent use.
 type PullConsumer struct {
 	m *groupMember
 
