@@ -61,6 +61,7 @@ type queueRun struct {
 	// goroutine last checked: the one that moves it from 0 starts one.
 	// Its state lives here between goroutines.
 	kicks   atomic.Int64
+	loopFn  func() // fetchLoop, one method value rather than one allocated per wake-up
 	waiter  readWaiter
 	scratch []*EnhancedMessage
 	limit   int
@@ -148,6 +149,7 @@ func (r *queueRun) taken(lease Lease) {
 	r.scratch = make([]*EnhancedMessage, min(minFetchBatch, r.limit))
 	r.fctx = r.fetchContext()
 	r.waiter.wake = r.kick
+	r.loopFn = r.fetchLoop
 	// The caller is the fetch loop (what kicked before is seen below),
 	// and the end of ctx kicks a parked loop, to release.
 	r.kicks.Store(1)
@@ -160,14 +162,14 @@ func (r *queueRun) taken(lease Lease) {
 			return
 		}
 	}
-	r.m.b.runners.run(r.fetchLoop)
+	r.m.b.runners.run(r.loopFn)
 }
 
 // kick wakes the fetch loop: it starts a goroutine for it if it is
 // parked. It neither blocks nor calls the queue (see readWaiter).
 func (r *queueRun) kick() {
 	if r.kicks.Add(1) == 1 {
-		r.m.b.runners.run(r.fetchLoop)
+		r.m.b.runners.run(r.loopFn)
 	}
 }
 

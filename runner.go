@@ -82,7 +82,8 @@ func (p *runnerPool) run(f func()) {
 		return
 	}
 	if p.running >= maxRunners {
-		p.queue.push(&f)
+		queued := f // a copy, so that only a queued task is moved to the heap
+		p.queue.push(&queued)
 		if !p.watching {
 			p.watching = true
 			p.watched = p.progress
