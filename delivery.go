@@ -106,8 +106,14 @@ type deliverer struct {
 	h Handler
 	// cost is the handler's time per message (ns), a moving average over
 	// the batches the workers time: it sizes batches and decides when a
-	// worker calls another to share a queue's pending messages.
-	cost atomic.Int64
+	// worker calls another to share a queue's pending messages. Until
+	// measured, a worker takes one message, times it and keeps the rest
+	// for itself, its guard calling another worker if the handler runs
+	// long (a worker started for every consumer's first messages would
+	// cost 10,000 goroutines when 10,000 idle topics get a few messages
+	// each).
+	cost     atomic.Int64
+	measured atomic.Bool
 
 	// Counters for Stats.
 	handled, failed, retried, deadLettered atomic.Uint64
@@ -134,7 +140,7 @@ type retryItem struct {
 
 func newDeliverer(m *groupMember, h Handler) *deliverer {
 	d := &deliverer{m: m, h: h, retryWake: make(chan struct{}, 1)}
-	d.cost.Store(int64(shareBudget)) // slow until measured: share at once
+	d.cost.Store(int64(shareBudget)) // slow until measured (see runBatch)
 	return d
 }
 
@@ -175,6 +181,11 @@ func timeBatch(n int, seq uint) bool { return n >= 4 || seq%16 == 0 }
 // record folds a timed batch of n messages into d's cost estimate.
 func (d *deliverer) record(elapsed time.Duration, n int) {
 	per := int64(elapsed) / int64(n)
+	if !d.measured.Load() {
+		d.cost.Store(per) // the first measure replaces the guess
+		d.measured.Store(true)
+		return
+	}
 	old := d.cost.Load()
 	d.cost.Store(old + (per-old)/2)
 }
@@ -301,11 +312,12 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	m := d.m
 	dctx := w.dctx
 	cost := max(1, d.cost.Load())
+	measured := d.measured.Load()
 	n, pending := r.buf.takeShare(w.batch, m.cfg.concurrency, int(min(maxAlone, int64(shareBudget)/cost)))
 	guarded := false
 	switch {
 	case pending == 0:
-	case int64(pending)*cost > int64(shareBudget):
+	case measured && int64(pending)*cost > int64(shareBudget):
 		m.sched.push(r) // worth another worker
 	default:
 		m.sched.pushQuiet(r) // this worker comes back for them
@@ -315,7 +327,7 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	dctx.Context = r.hctx
 	finished := w.finished[:0]
 	w.seq++
-	timed := n > 0 && timeBatch(n, w.seq)
+	timed := n > 0 && (!measured || timeBatch(n, w.seq))
 	var start time.Time
 	if timed {
 		start = time.Now()

@@ -99,3 +99,43 @@ func TestBlockedHandlersDoNotStarveOtherTopics(t *testing.T) {
 		t.Fatalf("%d of %d handlers started", started.Load(), topics)
 	}
 }
+
+// A burst over many idle topics, a few messages each, starts no worker
+// goroutine per consumer: the goroutines that fetch handle what they
+// fetched, and a consumer whose handler cost is not yet measured calls
+// another worker only if the handler runs long.
+func TestBurstOverIdleTopicsStartsNoWorkerPerConsumer(t *testing.T) {
+	const topics, each = 200, 4
+	ctx := context.Background()
+	b, err := ferry.NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	var handled atomic.Int64
+	h := ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error {
+		handled.Add(1)
+		return nil
+	})
+	for i := range topics {
+		name := fmt.Sprintf("t%d", i)
+		require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: name, Queues: 1}))
+		c, err := b.NewConsumer("g", name, h)
+		require.NoError(t, err)
+		defer c.Close()
+		require.NoError(t, c.Start(ctx))
+	}
+	before := runtime.NumGoroutine()
+	msgs := make([]*ferry.Message, each)
+	for i := range topics {
+		for k := range msgs {
+			msgs[k] = &ferry.Message{Topic: fmt.Sprintf("t%d", i), Body: []byte("x")}
+		}
+		_, err := p.SendBatch(ctx, msgs) // several pending at once: the case a worker would be called for
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return handled.Load() == topics*each }, 10*time.Second, time.Millisecond)
+	// Workers retire after a second idle: any started now are still here.
+	assert.Less(t, runtime.NumGoroutine()-before, topics/4, "goroutines left by the burst")
+}
