@@ -399,12 +399,16 @@ func (r *queueRun) fetch() bool {
 		}
 		fctx, scratch := r.fctx, r.scratch
 		next := r.buf.Next()
-		if p, ok := r.queue.(readParker); !ok {
+		var n int
+		var err error
+		if p, ok := r.queue.(readParker); ok {
+			if n, err = p.readOrPark(next, scratch, &r.waiter); n == 0 && err == nil {
+				return false // the next write kicks it
+			}
+		} else {
 			r.signal() // Read may block: a worker handles what the loop listed
-		} else if p.park(next, &r.waiter) {
-			return false // the next write kicks it
+			n, err = r.queue.Read(fctx, next, scratch)
 		}
-		n, err := r.queue.Read(fctx, next, scratch)
 		if err == nil {
 			err = checkRead(r.queue, next, scratch, n)
 		}
