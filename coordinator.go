@@ -270,7 +270,7 @@ func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
 			s.c.mu.Unlock()
 			return l, nil
 		}
-		freed := l.freed
+		freed := l.freedLocked()
 		s.c.mu.Unlock()
 		select {
 		case <-freed:
@@ -284,7 +284,7 @@ func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
 // grantLocked gives s the free lock k. s.c.mu held.
 func (s *memSession) grantLocked(k lockKey) *memLease {
 	s.c.tokens[k]++
-	l := &memLease{s: s, k: k, token: s.c.tokens[k], lost: make(chan struct{}), freed: make(chan struct{})}
+	l := &memLease{s: s, k: k, token: s.c.tokens[k]}
 	s.c.locks[k] = l
 	s.leases[k.q] = l
 	return l
@@ -346,15 +346,45 @@ type memLease struct {
 	s     *memSession
 	k     lockKey
 	token uint64
+	// lost and freed are made when first asked for: a consumer of this
+	// package watches a lease through afterLost, and nobody waits for a
+	// free lock's release. Guarded by s.c.mu.
 	lost  chan struct{} // closed when lost
 	freed chan struct{} // closed when released or lost: waiters retry
 
-	gone   bool   // guarded by s.c.mu
-	onLost func() // guarded by s.c.mu: called once, when lost
+	gone    bool   // guarded by s.c.mu
+	wasLost bool   // guarded by s.c.mu
+	onLost  func() // guarded by s.c.mu: called once, when lost
 }
 
-func (l *memLease) Token() uint64         { return l.token }
-func (l *memLease) Lost() <-chan struct{} { return l.lost }
+// closedChan is a closed channel, for a lease lost before Lost was asked.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (l *memLease) Token() uint64 { return l.token }
+
+func (l *memLease) Lost() <-chan struct{} {
+	l.s.c.mu.Lock()
+	defer l.s.c.mu.Unlock()
+	if l.lost == nil {
+		if l.wasLost {
+			return closedChan
+		}
+		l.lost = make(chan struct{})
+	}
+	return l.lost
+}
+
+// freedLocked returns the channel closed when l is released or lost.
+// s.c.mu held.
+func (l *memLease) freedLocked() chan struct{} {
+	if l.freed == nil {
+		if l.gone {
+			return closedChan
+		}
+		l.freed = make(chan struct{})
+	}
+	return l.freed
+}
 
 func (l *memLease) Release(ctx context.Context) error {
 	l.s.c.mu.Lock()
@@ -370,7 +400,10 @@ func (l *memLease) freeLocked(lost bool) {
 	}
 	l.gone = true
 	if lost {
-		close(l.lost)
+		l.wasLost = true
+		if l.lost != nil {
+			close(l.lost)
+		}
 		if l.onLost != nil {
 			l.onLost()
 		}
@@ -380,7 +413,9 @@ func (l *memLease) freeLocked(lost bool) {
 		delete(c.locks, l.k)
 	}
 	delete(l.s.leases, l.k.q)
-	close(l.freed)
+	if l.freed != nil {
+		close(l.freed)
+	}
 }
 
 // afterLost arranges for f to be called when the lease is lost, so that

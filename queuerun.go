@@ -69,9 +69,8 @@ type queueRun struct {
 	// waking a taker (see fetch).
 	unsignaled bool
 	fctx       context.Context
-	stopWake   func() bool // unregisters the wake-up at the end of ctx
-	readyOnce  func()      // closes ready
-	stopWatch  func()      // stops watching the lease
+	readyOnce  func() // closes ready
+	stopWatch  func() // stops watching the lease
 
 	inReady bool // guarded by m.sched.mu
 
@@ -147,13 +146,11 @@ func (r *queueRun) taken(lease Lease) {
 	r.readyOnce()
 	r.limit = min(maxFetchBatch, max(1, r.buf.highMsgs))
 	r.scratch = make([]*EnhancedMessage, min(minFetchBatch, r.limit))
-	r.fctx = r.fetchContext()
 	r.waiter.wake = r.kick
 	r.loopFn = r.fetchLoop
-	// The caller is the fetch loop (what kicked before is seen below),
-	// and the end of ctx kicks a parked loop, to release.
+	// The caller is the fetch loop: what kicked before (a revoke, say) is
+	// seen below.
 	r.kicks.Store(1)
-	r.stopWake = context.AfterFunc(r.ctx, r.kick)
 	// At the end of a queue that wakes it, the loop parks at once: no
 	// goroutine is started for an idle queue.
 	if p, ok := r.queue.(readParker); ok {
@@ -214,7 +211,6 @@ func (r *queueRun) signal() {
 // finish releases the queue once the fetch loop has stopped.
 func (r *queueRun) finish() {
 	m := r.m
-	r.stopWake()
 	if p, ok := r.queue.(readParker); ok {
 		p.unpark(&r.waiter)
 	}
@@ -328,7 +324,11 @@ func (r *queueRun) load() (int64, error) {
 	if err != nil {
 		return 0, errorf("ferry: take %s: %w", r.id, err)
 	}
-	m.b.groups.register(m.topic, m.scope, offs)
+	if _, listed := m.b.cursors.(CursorGroups); !listed || r.t.meta.Retention.Overflow == Block {
+		// Block queues' releases, and ForgetGroup over a store that
+		// cannot list its groups, need to know the group reads the topic.
+		m.b.groups.register(m.topic, m.scope, offs)
+	}
 	if ms, ok := m.b.cursors.(*MemoryCursorStore); ok {
 		r.cslot = ms.slot(m.topic, m.scope, r.q)
 	}
@@ -396,6 +396,9 @@ func (r *queueRun) fetch() bool {
 		}
 		if r.paused.Load() {
 			return false // setPaused(false), a seek or the release kicks it
+		}
+		if r.fctx == nil {
+			r.fctx = r.fetchContext() // made by the first fetch: an idle queue's run keeps none
 		}
 		fctx, scratch := r.fctx, r.scratch
 		next := r.buf.Next()
@@ -611,6 +614,7 @@ func (r *queueRun) revoke() {
 	r.releasing.Store(true)
 	r.buf.Close()
 	r.cancel()
+	r.kick() // a parked fetch loop must release
 }
 
 // release stops takes, waits for the in-flight messages up to the drain
