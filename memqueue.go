@@ -241,10 +241,24 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 	}
 	q.mu.Lock()
 	for {
-		n, wait, err := q.readLocked(offset, dst)
-		if !wait {
+		if q.closed {
 			q.mu.Unlock()
-			return n, err
+			return 0, errorf("ferry: read %s: %w", q.id, ErrClosed)
+		}
+		if q.ret.MaxAge > 0 && q.head < len(q.msgs) {
+			q.trim(time.Now(), 0, 0)
+		}
+		next := q.base + int64(len(q.msgs)-q.head)
+		if offset < q.base || offset > next {
+			base := q.base
+			q.mu.Unlock()
+			return 0, errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ErrOffsetOutOfRange, base, next)
+		}
+		if offset < next {
+			i := q.head + int(offset-q.base)
+			n := copy(dst, q.msgs[i:])
+			q.mu.Unlock()
+			return n, nil
 		}
 		if err := ctx.Err(); err != nil {
 			q.mu.Unlock()
@@ -269,42 +283,6 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 			return 0, errorf("ferry: read %s: %w", q.id, ctx.Err())
 		}
 	}
-}
-
-// readLocked is Read's step under q.mu: it fills dst from offset, or
-// reports an error, or that the reader must wait (offset is next).
-func (q *MemoryQueue) readLocked(offset int64, dst []*EnhancedMessage) (n int, wait bool, err error) {
-	if q.closed {
-		return 0, false, errorf("ferry: read %s: %w", q.id, ErrClosed)
-	}
-	if q.ret.MaxAge > 0 && q.head < len(q.msgs) {
-		q.trim(time.Now(), 0, 0)
-	}
-	next := q.base + int64(len(q.msgs)-q.head)
-	if offset < q.base || offset > next {
-		return 0, false, errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ErrOffsetOutOfRange, q.base, next)
-	}
-	if offset < next {
-		i := q.head + int(offset-q.base)
-		return copy(dst, q.msgs[i:]), false, nil
-	}
-	return 0, true, nil
-}
-
-// readOrPark implements readParker.
-func (q *MemoryQueue) readOrPark(offset int64, dst []*EnhancedMessage, w *readWaiter) (int, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	n, wait, err := q.readLocked(offset, dst)
-	if !wait {
-		q.unparkLocked(w)
-		return n, err
-	}
-	if !w.listed {
-		w.listed = true
-		q.parked = append(q.parked, w)
-	}
-	return 0, nil
 }
 
 // Offsets implements [ReadableQueue].

@@ -67,10 +67,6 @@ type readParker interface {
 	// (offset readable, out of range, or the queue closed) it lists
 	// nothing and reports false: Read at offset does not block.
 	park(offset int64, w *readWaiter) bool
-	// readOrPark is Read with a non-empty dst, except that where Read
-	// would block it lists w, as park does, and returns 0 and no error:
-	// one lock where park and then Read take two.
-	readOrPark(offset int64, dst []*EnhancedMessage, w *readWaiter) (int, error)
 	// unpark unlists w.
 	unpark(w *readWaiter)
 }

@@ -402,16 +402,12 @@ func (r *queueRun) fetch() bool {
 		}
 		fctx, scratch := r.fctx, r.scratch
 		next := r.buf.Next()
-		var n int
-		var err error
-		if p, ok := r.queue.(readParker); ok {
-			if n, err = p.readOrPark(next, scratch, &r.waiter); n == 0 && err == nil {
-				return false // the next write kicks it
-			}
-		} else {
+		if p, ok := r.queue.(readParker); !ok {
 			r.signal() // Read may block: a worker handles what the loop listed
-			n, err = r.queue.Read(fctx, next, scratch)
+		} else if p.park(next, &r.waiter) {
+			return false // the next write kicks it
 		}
+		n, err := r.queue.Read(fctx, next, scratch)
 		if err == nil {
 			err = checkRead(r.queue, next, scratch, n)
 		}
