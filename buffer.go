@@ -202,22 +202,33 @@ func (b *Buffer) Reset(next int64) {
 // which stay taken. Empty msgs returns 0 and a nil error at once. The
 // buffer keeps the pointers.
 func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) {
+	n, _, err := b.put(ctx, msgs, true)
+	return n, err
+}
+
+// put is Put; without wait, where Put would wait for room it returns 0,
+// true and no error at once.
+func (b *Buffer) put(ctx context.Context, msgs []*EnhancedMessage, wait bool) (int, bool, error) {
 	if len(msgs) == 0 {
-		return 0, nil
+		return 0, false, nil
 	}
 	b.mu.Lock()
 	for {
 		if b.closed {
 			b.mu.Unlock()
-			return 0, errorf("ferry: buffer put: %w", ErrClosed)
+			return 0, false, errorf("ferry: buffer put: %w", ErrClosed)
 		}
 		if err := b.checkLocked(0, msgs[0]); err != nil {
 			b.mu.Unlock()
-			return 0, err
+			return 0, false, err
 		}
 		b.want, b.wantSize = msgs[0].Offset, int64(msgs[0].Size())
 		if !b.pausedLocked() {
 			break
+		}
+		if !wait {
+			b.mu.Unlock()
+			return 0, true, nil
 		}
 		if b.room == nil {
 			b.room = make(chan struct{})
@@ -227,7 +238,7 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 		select {
 		case <-room:
 		case <-ctx.Done():
-			return 0, errorf("ferry: buffer put: %w", ctx.Err())
+			return 0, false, errorf("ferry: buffer put: %w", ctx.Err())
 		}
 		b.mu.Lock()
 	}
@@ -235,7 +246,7 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 	n := 0
 	for i, m := range msgs {
 		if err := b.checkLocked(i, m); err != nil {
-			return n, err
+			return n, false, err
 		}
 		size := int64(m.Size())
 		if !b.fitsLocked(m.Offset, size) {
@@ -256,20 +267,7 @@ func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) 
 			b.full = true
 		}
 	}
-	return n, nil
-}
-
-// wouldWait reports whether a Put starting with m would wait for room.
-func (b *Buffer) wouldWait(m *EnhancedMessage) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed || b.checkLocked(0, m) != nil {
-		return false // Put fails at once
-	}
-	if m.Offset >= b.next {
-		return !b.fitsLocked(m.Offset, int64(m.Size()))
-	}
-	return !b.fitsLocked(b.next, 0)
+	return n, false, nil
 }
 
 // checkLocked checks msgs[i], m, for Put. b.mu held.

@@ -387,7 +387,7 @@ func (r *queueRun) fetch() bool {
 		case req := <-r.seeks:
 			r.signal() // the seek waits for what is listed to be handled
 			r.seek(req)
-			r.fctx = r.fetchContext()
+			r.dropFetchCtx()
 			continue
 		default:
 		}
@@ -397,17 +397,14 @@ func (r *queueRun) fetch() bool {
 		if r.paused.Load() {
 			return false // setPaused(false), a seek or the release kicks it
 		}
-		if r.fctx == nil {
-			r.fctx = r.fetchContext() // made by the first fetch: an idle queue's run keeps none
-		}
-		fctx, scratch := r.fctx, r.scratch
+		scratch := r.scratch
 		next := r.buf.Next()
 		if p, ok := r.queue.(readParker); !ok {
 			r.signal() // Read may block: a worker handles what the loop listed
 		} else if p.park(next, &r.waiter) {
 			return false // the next write kicks it
 		}
-		n, err := r.queue.Read(fctx, next, scratch)
+		n, err := r.queue.Read(r.fetchCtx(), next, scratch)
 		if err == nil {
 			err = checkRead(r.queue, next, scratch, n)
 		}
@@ -415,7 +412,7 @@ func (r *queueRun) fetch() bool {
 			switch {
 			case r.ctx.Err() != nil:
 				return true
-			case fctx.Err() != nil:
+			case r.fctx != nil && r.fctx.Err() != nil:
 				continue // a seek: the loop takes it
 			case errors.Is(err, ErrOffsetOutOfRange):
 				oldest, end, oerr := queueOffsets(r.ctx, r.queue)
@@ -459,10 +456,11 @@ func (r *queueRun) fetch() bool {
 		}
 		seeked := false
 		for len(batch) > 0 {
-			if r.unsignaled && r.buf.wouldWait(batch[0]) {
+			k, waits, err := r.buf.put(r.ctx, batch, false)
+			if waits {
 				r.signal() // Put waits for room: a worker must make it
+				k, err = r.buf.Put(r.fetchCtx(), batch)
 			}
-			k, err := r.buf.Put(fctx, batch)
 			switch {
 			case k == len(batch) && m.sched.inline != nil:
 				// Listed quietly: as the loop parks, its goroutine
@@ -473,7 +471,7 @@ func (r *queueRun) fetch() bool {
 			case k > 0:
 				m.sched.push(r)
 			}
-			if err != nil && r.ctx.Err() == nil && fctx.Err() != nil {
+			if err != nil && r.ctx.Err() == nil && r.fctx != nil && r.fctx.Err() != nil {
 				seeked = true // a seek while the buffer was full: the rest goes
 				break
 			}
@@ -501,6 +499,29 @@ func (r *queueRun) fetch() bool {
 type seekReq struct {
 	to   int64
 	done chan error // gets the outcome
+}
+
+// fetchCtx returns the context of the fetch loop's reads and puts that
+// may block, which a seek cancels; it is made when first needed (a memory
+// queue's loop never blocks in Read, and in Put only when the buffer is
+// full).
+func (r *queueRun) fetchCtx() context.Context {
+	if r.fctx == nil {
+		r.fctx = r.fetchContext()
+	}
+	return r.fctx
+}
+
+// dropFetchCtx lets the fetch context go (a seek cancelled it): the next
+// blocking read or put makes another.
+func (r *queueRun) dropFetchCtx() {
+	r.fetchMu.Lock()
+	if r.fcancel != nil {
+		r.fcancel()
+		r.fcancel = nil
+	}
+	r.fetchMu.Unlock()
+	r.fctx = nil
 }
 
 // fetchContext returns a new context for the fetch loop's reads and puts,
