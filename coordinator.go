@@ -158,7 +158,7 @@ func (c *MemoryCoordinator) Join(ctx context.Context, g GroupKey, member string)
 		ms = map[string]*memSession{}
 		c.groups[g] = ms
 	}
-	s := &memSession{c: c, g: g, member: member, changed: make(chan struct{}, 1), done: make(chan struct{}), leases: map[int]*memLease{}}
+	s := &memSession{c: c, g: g, member: member, changed: make(chan struct{}, 1), done: make(chan struct{})}
 	ms[member] = s
 	c.notifyLocked(g)
 	return s, nil
@@ -227,9 +227,9 @@ type memSession struct {
 	done    chan struct{}
 	members atomicSlice
 
-	leases  map[int]*memLease // guarded by c.mu
-	ended   bool              // guarded by c.mu
-	onEvent func()            // guarded by c.mu: see notify
+	leases  []*memLease // guarded by c.mu
+	ended   bool        // guarded by c.mu
+	onEvent func()      // guarded by c.mu: see notify
 }
 
 // notify implements sessionNotifier.
@@ -286,7 +286,7 @@ func (s *memSession) grantLocked(k lockKey) *memLease {
 	s.c.tokens[k]++
 	l := &memLease{s: s, k: k, token: s.c.tokens[k]}
 	s.c.locks[k] = l
-	s.leases[k.q] = l
+	s.leases = append(s.leases, l)
 	return l
 }
 
@@ -325,8 +325,8 @@ func (s *memSession) endLocked(lost bool) {
 		return
 	}
 	s.ended = true
-	for _, l := range s.leases {
-		l.freeLocked(lost)
+	for len(s.leases) > 0 {
+		s.leases[len(s.leases)-1].freeLocked(lost) // it unlists itself
 	}
 	if ms := s.c.groups[s.g]; ms[s.member] == s {
 		delete(ms, s.member)
@@ -412,7 +412,9 @@ func (l *memLease) freeLocked(lost bool) {
 	if c.locks[l.k] == l {
 		delete(c.locks, l.k)
 	}
-	delete(l.s.leases, l.k.q)
+	if i := slices.Index(l.s.leases, l); i >= 0 {
+		l.s.leases = slices.Delete(l.s.leases, i, i+1)
+	}
 	if l.freed != nil {
 		close(l.freed)
 	}

@@ -77,11 +77,10 @@ type groupMember struct {
 	onChanged func()
 
 	// The membership loop's state (see startLoop).
-	kicks    atomic.Int64
-	changed  atomic.Bool // the membership changed since the loop last looked
-	stopKick func() bool // unregisters the kick at the end of life
-	sess     Session     // the loop's
-	first    bool        // the loop's: the first assignment is to come
+	kicks   atomic.Int64
+	changed atomic.Bool // the membership changed since the loop last looked
+	sess    Session     // the loop's
+	first   bool        // the loop's: the first assignment is to come
 }
 
 // closing reports whether close has begun.
@@ -164,12 +163,17 @@ func (m *groupMember) join(ctx context.Context, spawn func()) error {
 	if err := m.b.groups.add(m); err != nil {
 		return err
 	}
-	// The Join ends with ctx or with close.
-	jctx, cancel := context.WithCancel(ctx)
-	stopJoin := context.AfterFunc(m.life, cancel)
-	sess, err := m.coord.Join(jctx, m.key, m.cfg.memberID)
-	stopJoin()
-	cancel()
+	var sess Session
+	if _, ok := m.coord.(*MemoryCoordinator); ok {
+		sess, err = m.coord.Join(ctx, m.key, m.cfg.memberID) // it does not wait
+	} else {
+		// The Join ends with ctx or with close.
+		jctx, cancel := context.WithCancel(ctx)
+		stopJoin := context.AfterFunc(m.life, cancel)
+		sess, err = m.coord.Join(jctx, m.key, m.cfg.memberID)
+		stopJoin()
+		cancel()
+	}
 	if err != nil {
 		m.b.groups.remove(m)
 		if m.closing() {
@@ -249,6 +253,7 @@ func (m *groupMember) close() error {
 		m.state = memberClosed
 		m.mu.Unlock()
 		m.endLife()
+		m.kick() // the membership loop sees stop, and ends
 		if !started {
 			return
 		}
@@ -365,7 +370,6 @@ func (m *groupMember) startLoop(sess Session) {
 	m.sess = sess
 	m.first = true
 	m.changed.Store(true) // the join changed the membership
-	m.stopKick = context.AfterFunc(m.life, m.kick)
 	m.watch(sess)
 	m.kicks.Store(0) // what kicked before is pending: the loop sees it; the caller kicks
 }
@@ -418,7 +422,6 @@ func (m *groupMember) loop() {
 		n := m.kicks.Load()
 		if m.step() {
 			m.kicks.Store(noKick)
-			m.stopKick()
 			m.endLoop()
 			return
 		}
@@ -666,14 +669,11 @@ func safeAllocate(a Allocator, group, self string, queues []QueueID, members []s
 func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
 	urgent.Add(1)
 	defer urgent.Add(-1)
-	want := map[int]bool{}
-	for _, q := range mine {
-		want[q.Queue] = true
-	}
+	want := func(q int) bool { return slices.ContainsFunc(mine, func(id QueueID) bool { return id.Queue == q }) }
 	m.mu.Lock()
 	var lost []*queueRun
 	for q, r := range m.runs {
-		if !want[q] {
+		if !want(q) {
 			lost = append(lost, r)
 		}
 	}
