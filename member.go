@@ -25,10 +25,10 @@ type groupMember struct {
 	tags  map[string]struct{}
 
 	// view is the topic as the member last saw it (its queues grow with
-	// Broker.AddQueues); retopic has a value when it changed.
+	// Broker.AddQueues); retopic is set when it changed.
 	view    atomic.Pointer[topicView]
-	retopic chan struct{}
-	rerun   chan struct{} // a run ended on its own (its lease lost, its lock failed): take its queue again
+	retopic atomic.Bool
+	rerun   atomic.Bool // a run ended on its own (its lease lost, its lock failed): take its queue again
 	sched   scheduler
 	dirty   chan struct{} // something may be committable
 	// committing is set once the committer runs: it starts with the
@@ -108,8 +108,6 @@ func newGroupMember(b *Broker, group, topic string, cfg *consumerConfig) *groupM
 		runs:  map[int]*queueRun{},
 
 		assignedFirst: make(chan struct{}),
-		retopic:       make(chan struct{}, 1),
-		rerun:         make(chan struct{}, 1),
 	}
 	m.hooks = newHookSet(b.hooks, cfg.hooks)
 	m.life, m.endLife = context.WithCancel(context.Background())
@@ -456,16 +454,19 @@ func (m *groupMember) step() bool {
 			}
 			m.changed.Store(true)
 			m.watch(m.sess)
-		case <-m.retopic:
-			m.refreshView()
-			mine, _ := m.allocate(m.sess.Members())
-			m.rebalance(mine, m.sess)
-		case <-m.rerun:
-			m.dropEnded()
-			mine, _ := m.allocate(m.sess.Members())
-			m.rebalance(mine, m.sess)
 		default:
-			if !m.changed.Swap(false) {
+			switch {
+			case m.retopic.Swap(false):
+				m.refreshView()
+				mine, _ := m.allocate(m.sess.Members())
+				m.rebalance(mine, m.sess)
+				continue
+			case m.rerun.Swap(false):
+				m.dropEnded()
+				mine, _ := m.allocate(m.sess.Members())
+				m.rebalance(mine, m.sess)
+				continue
+			case !m.changed.Swap(false):
 				return false
 			}
 			mine, ok := m.allocate(m.sess.Members())
@@ -508,10 +509,7 @@ func (m *groupMember) runEnded(r *queueRun) {
 	if r.dropped.Load() || m.closing() {
 		return
 	}
-	select {
-	case m.rerun <- struct{}{}:
-	default:
-	}
+	m.rerun.Store(true)
 	m.kick()
 }
 
@@ -555,10 +553,7 @@ func (m *groupMember) refreshView() {
 
 // topicGrew tells the member that its topic gained queues.
 func (m *groupMember) topicGrew() {
-	select {
-	case m.retopic <- struct{}{}:
-	default:
-	}
+	m.retopic.Store(true)
 	m.kick()
 }
 
