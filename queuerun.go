@@ -133,10 +133,22 @@ func (r *queueRun) taken(lease Lease) {
 	start, err := r.load()
 	if err != nil {
 		if r.ctx.Err() == nil {
-			m.report(err) // the queue stays locked and idle until a rebalance or Close
+			m.report(err)
 		}
 		r.finished.Store(true)
-		context.AfterFunc(r.ctx, func() { r.end(true) })
+		// The run gives the queue back after a pause, and the member
+		// takes it again (see runEnded): a cursor store that failed for
+		// a moment (its leader being elected, say) must not leave the
+		// queue locked and idle until the next rebalance.
+		go func() {
+			t := time.NewTimer(relockBackoff)
+			select {
+			case <-t.C:
+			case <-r.ctx.Done():
+			}
+			t.Stop()
+			r.end(true)
+		}()
 		return
 	}
 	r.buf.Reset(start)
