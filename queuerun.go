@@ -411,12 +411,14 @@ func (r *queueRun) fetch() bool {
 		}
 		scratch := r.scratch
 		next := r.buf.Next()
+		rctx := r.ctx // a read that does not block needs no seek to interrupt it
 		if p, ok := r.queue.(readParker); !ok {
 			r.signal() // Read may block: a worker handles what the loop listed
+			rctx = r.fetchCtx()
 		} else if p.park(next, &r.waiter) {
 			return false // the next write kicks it
 		}
-		n, err := r.queue.Read(r.fetchCtx(), next, scratch)
+		n, err := r.queue.Read(rctx, next, scratch)
 		if err == nil {
 			err = checkRead(r.queue, next, scratch, n)
 		}
