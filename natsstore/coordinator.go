@@ -150,7 +150,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 			}
 			s.apply(set, e)
 		case <-ctx.Done():
-			_ = w.Stop()
+			stopWatcher(w, c.cfg.opTimeout)
 			wcancel()
 			c.deleteKey(c.members, s.key, rev)
 			return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ctx.Err())
@@ -161,7 +161,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		_ = w.Stop()
+		stopWatcher(w, c.cfg.opTimeout)
 		wcancel()
 		c.deleteKey(c.members, s.key, rev)
 		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
@@ -171,6 +171,27 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	s.wg.Go(func() { s.heartbeat(start) })
 	s.wg.Go(func() { s.watch(set, w, wcancel) })
 	return s, nil
+}
+
+// stopWatcher stops w and drains its updates until the watch closes
+// them (or bound passes). A watch read only now and then (a Lock reads
+// its key's watch only while it waits) can fall 256 updates behind: its
+// delivery goroutine then blocks on the full channel, and stays blocked
+// after Stop unless someone reads (goleak caught one in CI).
+func stopWatcher(w jetstream.KeyWatcher, bound time.Duration) {
+	_ = w.Stop()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	for {
+		select {
+		case _, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+		case <-t.C:
+			return
+		}
+	}
 }
 
 // deleteOwn deletes key if it holds value (a key this session created
@@ -341,7 +362,7 @@ func (s *session) publish(set map[string]bool) {
 // deletion or expiry of its own key ends it.
 func (s *session) watch(set map[string]bool, w jetstream.KeyWatcher, cancel context.CancelFunc) {
 	defer cancel()
-	defer func() { _ = w.Stop() }()
+	defer stopWatcher(w, s.c.cfg.opTimeout)
 	for {
 		select {
 		case <-s.stop:
@@ -485,7 +506,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 	var w jetstream.KeyWatcher
 	defer func() {
 		if w != nil {
-			_ = w.Stop()
+			stopWatcher(w, s.c.cfg.opTimeout)
 		}
 	}()
 	for {
