@@ -100,7 +100,7 @@ type Lease interface {
 // [WithCoordinator]). Its sessions end only by Leave or Close.
 type MemoryCoordinator struct {
 	mu     sync.Mutex // guards every field below
-	groups map[GroupKey]map[string]*memSession
+	groups map[GroupKey][]*memSession
 	locks  map[lockKey]*memLease
 	tokens map[lockKey]uint64 // the last token given per lock
 	closed bool
@@ -120,7 +120,7 @@ type lockKey struct {
 // NewMemoryCoordinator returns an empty coordinator.
 func NewMemoryCoordinator() *MemoryCoordinator {
 	return &MemoryCoordinator{
-		groups: map[GroupKey]map[string]*memSession{},
+		groups: map[GroupKey][]*memSession{},
 		locks:  map[lockKey]*memLease{},
 		tokens: map[lockKey]uint64{},
 	}
@@ -150,23 +150,18 @@ func (c *MemoryCoordinator) Join(ctx context.Context, g GroupKey, member string)
 	if c.closed {
 		return nil, errorf("ferry: join %s: %w", g, ErrClosed)
 	}
-	ms := c.groups[g]
-	if _, ok := ms[member]; ok {
+	if slices.ContainsFunc(c.groups[g], func(s *memSession) bool { return s.member == member }) {
 		return nil, errorf("ferry: join: %w: member %q already in group %q of topic %q", ErrInvalidOption, member, g.Scope, g.Topic)
 	}
-	if ms == nil {
-		ms = map[string]*memSession{}
-		c.groups[g] = ms
-	}
 	s := &memSession{c: c, g: g, member: member, changed: make(chan struct{}, 1), done: make(chan struct{})}
-	ms[member] = s
+	c.groups[g] = append(c.groups[g], s)
 	c.notifyLocked(g)
 	return s, nil
 }
 
 // notifyLocked tells every session of g that membership changed.
 func (c *MemoryCoordinator) notifyLocked(g GroupKey) {
-	members := slices.Sorted(mapKeysOf(c.groups[g]))
+	members := c.membersLocked(g)
 	for _, s := range c.groups[g] {
 		s.members.Store(&members)
 		select {
@@ -177,6 +172,16 @@ func (c *MemoryCoordinator) notifyLocked(g GroupKey) {
 			s.onEvent()
 		}
 	}
+}
+
+// membersLocked returns the members of g, sorted. c.mu held.
+func (c *MemoryCoordinator) membersLocked(g GroupKey) []string {
+	ms := make([]string, len(c.groups[g]))
+	for i, s := range c.groups[g] {
+		ms[i] = s.member
+	}
+	slices.Sort(ms)
+	return ms
 }
 
 func mapKeysOf[V any](m map[string]V) func(func(string) bool) {
@@ -199,7 +204,7 @@ func (c *MemoryCoordinator) Members(ctx context.Context, g GroupKey) ([]string, 
 	if c.closed {
 		return nil, errorf("ferry: members of %s: %w", g, ErrClosed)
 	}
-	return slices.Sorted(mapKeysOf(c.groups[g])), nil
+	return c.membersLocked(g), nil
 }
 
 // Close implements [io.Closer]: every session ends, every lease is lost.
@@ -211,7 +216,7 @@ func (c *MemoryCoordinator) Close() error {
 	}
 	c.closed = true
 	for _, ms := range c.groups {
-		for _, s := range ms {
+		for _, s := range slices.Clone(ms) { // each unlists itself
 			s.endLocked(true)
 		}
 	}
@@ -328,10 +333,11 @@ func (s *memSession) endLocked(lost bool) {
 	for len(s.leases) > 0 {
 		s.leases[len(s.leases)-1].freeLocked(lost) // it unlists itself
 	}
-	if ms := s.c.groups[s.g]; ms[s.member] == s {
-		delete(ms, s.member)
-		if len(ms) == 0 {
+	if ms := s.c.groups[s.g]; slices.Contains(ms, s) {
+		if ms = slices.DeleteFunc(ms, func(o *memSession) bool { return o == s }); len(ms) == 0 {
 			delete(s.c.groups, s.g)
+		} else {
+			s.c.groups[s.g] = ms
 		}
 		s.c.notifyLocked(s.g)
 	}
