@@ -19,7 +19,6 @@ import (
 // with a consumer each must cost memory, not goroutines.
 func TestIdleConsumersParkNoGoroutine(t *testing.T) {
 	const topics = 200
-	ctx := context.Background()
 	b, err := ferry.NewBroker()
 	require.NoError(t, err)
 	defer b.Close()
@@ -33,22 +32,12 @@ func TestIdleConsumersParkNoGoroutine(t *testing.T) {
 		handled.Add(1)
 		return nil
 	})
-	for i := range topics {
-		name := fmt.Sprintf("t%d", i)
-		require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: name, Queues: 1}))
-		c, err := b.NewConsumer("g", name, h)
-		require.NoError(t, err)
-		defer c.Close()
-		require.NoError(t, c.Start(ctx))
-	}
+	startPerTopic(t, b, topics, h)
 	// What Start left behind winds down at once: nothing waits on a timer.
 	assert.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+topics/20 },
 		5*time.Second, 5*time.Millisecond, "goroutines after starting %d idle consumers: %d, before: %d", topics, runtime.NumGoroutine(), before)
 
-	for i := range topics {
-		_, err := p.Send(ctx, &ferry.Message{Topic: fmt.Sprintf("t%d", i), Body: []byte("x")})
-		require.NoError(t, err)
-	}
+	sendPerTopic(t, p, topics)
 	require.Eventually(t, func() bool { return handled.Load() == topics }, 10*time.Second, time.Millisecond)
 	// The workers and committers the messages started retire once idle.
 	assert.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+topics/20 },
@@ -60,7 +49,6 @@ func TestIdleConsumersParkNoGoroutine(t *testing.T) {
 // which must not leave a woken queue waiting behind handlers that block.
 func TestBlockedHandlersDoNotStarveOtherTopics(t *testing.T) {
 	const topics = 100 // many more than the runners the pool starts at once
-	ctx := context.Background()
 	b, err := ferry.NewBroker()
 	require.NoError(t, err)
 	defer b.Close()
@@ -81,18 +69,8 @@ func TestBlockedHandlersDoNotStarveOtherTopics(t *testing.T) {
 			return ctx.Err()
 		}
 	})
-	for i := range topics {
-		name := fmt.Sprintf("t%d", i)
-		require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: name, Queues: 1}))
-		c, err := b.NewConsumer("g", name, h)
-		require.NoError(t, err)
-		defer c.Close()
-		require.NoError(t, c.Start(ctx))
-	}
-	for i := range topics {
-		_, err := p.Send(ctx, &ferry.Message{Topic: fmt.Sprintf("t%d", i), Body: []byte("x")})
-		require.NoError(t, err)
-	}
+	startPerTopic(t, b, topics, h)
+	sendPerTopic(t, p, topics)
 	select {
 	case <-all:
 	case <-time.After(10 * time.Second):
@@ -118,14 +96,7 @@ func TestBurstOverIdleTopicsStartsNoWorkerPerConsumer(t *testing.T) {
 		handled.Add(1)
 		return nil
 	})
-	for i := range topics {
-		name := fmt.Sprintf("t%d", i)
-		require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: name, Queues: 1}))
-		c, err := b.NewConsumer("g", name, h)
-		require.NoError(t, err)
-		defer c.Close()
-		require.NoError(t, c.Start(ctx))
-	}
+	startPerTopic(t, b, topics, h)
 	before := runtime.NumGoroutine()
 	msgs := make([]*ferry.Message, each)
 	for i := range topics {
@@ -138,4 +109,28 @@ func TestBurstOverIdleTopicsStartsNoWorkerPerConsumer(t *testing.T) {
 	require.Eventually(t, func() bool { return handled.Load() == topics*each }, 10*time.Second, time.Millisecond)
 	// Workers retire after a second idle: any started now are still here.
 	assert.Less(t, runtime.NumGoroutine()-before, topics/4, "goroutines left by the burst")
+}
+
+// startPerTopic creates topics t0, t1, … of one queue, each with a
+// started consumer of group g calling h.
+func startPerTopic(t *testing.T, b *ferry.Broker, topics int, h ferry.Handler) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range topics {
+		name := fmt.Sprintf("t%d", i)
+		require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: name, Queues: 1}))
+		c, err := b.NewConsumer("g", name, h)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		require.NoError(t, c.Start(ctx))
+	}
+}
+
+// sendPerTopic sends one message to each of topics t0, t1, ….
+func sendPerTopic(t *testing.T, p *ferry.Producer, topics int) {
+	t.Helper()
+	for i := range topics {
+		_, err := p.Send(context.Background(), &ferry.Message{Topic: fmt.Sprintf("t%d", i), Body: []byte("x")})
+		require.NoError(t, err)
+	}
 }
