@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -701,7 +702,7 @@ func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
 	for _, r := range started {
 		m.startRun(r)
 	}
-	if len(lost) > 0 || len(started) > 0 {
+	if (len(lost) > 0 || len(started) > 0) && m.b.log.Enabled(context.Background(), slog.LevelInfo) {
 		m.b.log.Info("ferry: rebalance", "group", m.group, "topic", m.topic, "member", m.cfg.memberID,
 			"released", len(lost), "taking", len(started), "queues", mine)
 	}

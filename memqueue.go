@@ -186,7 +186,7 @@ func (q *MemoryQueue) wakeReaders() {
 	q.readers = q.readers[:0]
 	for _, w := range q.parked {
 		w.listed = false
-		w.wake()
+		w.kicker.kick()
 	}
 	clear(q.parked)
 	q.parked = q.parked[:0]

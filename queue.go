@@ -71,12 +71,12 @@ type readParker interface {
 	unpark(w *readWaiter)
 }
 
-// readWaiter is a fetch loop parked on a queue: wake is called once per
-// park, with the queue's lock held, so it must neither block nor call
-// the queue.
+// readWaiter is a fetch loop parked on a queue: its kicker's kick is
+// called once per park, with the queue's lock held, so it must neither
+// block nor call the queue.
 type readWaiter struct {
-	wake   func()
-	listed bool // guarded by the queue's lock
+	kicker interface{ kick() } // an interface, not a func: no method value to allocate
+	listed bool                // guarded by the queue's lock
 }
 
 // Queue is one partition of a topic: an append-only log with contiguous

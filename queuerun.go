@@ -61,7 +61,6 @@ type queueRun struct {
 	// goroutine last checked: the one that moves it from 0 starts one.
 	// Its state lives here between goroutines.
 	kicks   atomic.Int64
-	loopFn  func() // fetchLoop, one method value rather than one allocated per wake-up
 	waiter  readWaiter
 	scratch []*EnhancedMessage
 	limit   int
@@ -69,8 +68,8 @@ type queueRun struct {
 	// waking a taker (see fetch).
 	unsignaled bool
 	fctx       context.Context
-	readyOnce  func() // closes ready
-	stopWatch  func() // stops watching the lease
+	readied    atomic.Bool // ready is closed, or about to be (see markReady)
+	stopWatch  func()      // stops watching the lease
 
 	inReady bool // guarded by m.sched.mu
 
@@ -94,8 +93,18 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r.committed = -1
 	r.kicks.Store(noKick) // until the fetch loop starts
 	urgent.Add(1)         // until the queue is taken, or the take gives up
-	r.readyOnce = sync.OnceFunc(func() { urgent.Add(-1); close(r.ready) })
 	return r
+}
+
+// runTask runs the fetch loop's turn on a runner (see kick).
+func (r *queueRun) runTask() { r.fetchLoop() }
+
+// markReady closes ready, once.
+func (r *queueRun) markReady() {
+	if r.readied.CompareAndSwap(false, true) {
+		urgent.Add(-1)
+		close(r.ready)
+	}
 }
 
 // run takes the queue (waiting for its lock) and starts fetching; the
@@ -155,11 +164,10 @@ func (r *queueRun) taken(lease Lease) {
 	r.owned.Store(true)
 	r.callback("assigned", m.cfg.onAssigned)
 	m.hooks.onRebalanced(m.scope, m.cfg.memberID, r.id, true)
-	r.readyOnce()
+	r.markReady()
 	r.limit = min(maxFetchBatch, max(1, r.buf.highMsgs))
 	r.scratch = make([]*EnhancedMessage, min(minFetchBatch, r.limit))
-	r.waiter.wake = r.kick
-	r.loopFn = r.fetchLoop
+	r.waiter.kicker = r
 	// The caller is the fetch loop: what kicked before (a revoke, say) is
 	// seen below.
 	r.kicks.Store(1)
@@ -171,14 +179,14 @@ func (r *queueRun) taken(lease Lease) {
 			return
 		}
 	}
-	r.m.b.runners.run(r.loopFn)
+	r.m.b.runners.run(r)
 }
 
 // kick wakes the fetch loop: it starts a goroutine for it if it is
 // parked. It neither blocks nor calls the queue (see readWaiter).
 func (r *queueRun) kick() {
 	if r.kicks.Add(1) == 1 {
-		r.m.b.runners.run(r.loopFn)
+		r.m.b.runners.run(r)
 	}
 }
 
@@ -238,7 +246,7 @@ func (r *queueRun) end(locked bool) {
 		r.stopWatch()
 		r.unlock()
 	}
-	r.readyOnce()
+	r.markReady()
 	r.hcancel()
 	close(r.done)
 	r.m.runEnded(r)

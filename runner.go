@@ -23,7 +23,7 @@ import (
 type runnerPool struct {
 	mu       sync.Mutex // guards every field below
 	idle     []*runner  // the last is the one that went idle last
-	queue    fifo[func()]
+	queue    fifo[task]
 	running  int    // runners started and not ended
 	progress uint64 // tasks taken from the queue
 	watched  uint64 // progress when the watchdog last looked
@@ -35,10 +35,18 @@ type runnerPool struct {
 	wg       sync.WaitGroup // the runners
 }
 
+// task is what a runner runs (a queueRun: its fetch loop's turn).
+type task interface{ runTask() }
+
+// taskFunc is a function as a task.
+type taskFunc func()
+
+func (f taskFunc) runTask() { f() }
+
 // runner is an idle runner's mailbox: it gets its next task, or nil to end.
 type runner struct {
-	tasks chan func() // capacity 1
-	since time.Time   // when it went idle
+	tasks chan task // capacity 1
+	since time.Time // when it went idle
 }
 
 const (
@@ -66,7 +74,7 @@ func newRunnerPool() *runnerPool {
 
 // run runs f on a runner. It does not block (it may be called with a
 // queue's lock held, see readWaiter).
-func (p *runnerPool) run(f func()) {
+func (p *runnerPool) run(f task) {
 	p.mu.Lock()
 	if n := len(p.idle); n > 0 {
 		w := p.idle[n-1]
@@ -78,7 +86,7 @@ func (p *runnerPool) run(f func()) {
 	}
 	if p.closed {
 		p.mu.Unlock()
-		go f() // the broker closed: its consumers' last turns still run
+		go f.runTask() // the broker closed: its consumers' last turns still run
 		return
 	}
 	if p.running >= maxRunners {
@@ -97,17 +105,17 @@ func (p *runnerPool) run(f func()) {
 }
 
 // startLocked starts a runner with f. p.mu held.
-func (p *runnerPool) startLocked(f func()) {
+func (p *runnerPool) startLocked(f task) {
 	p.running++
 	p.wg.Add(1)
-	go p.loop(&runner{tasks: make(chan func(), 1)}, f)
+	go p.loop(&runner{tasks: make(chan task, 1)}, f)
 }
 
 // loop runs tasks until it is told to end.
-func (p *runnerPool) loop(w *runner, f func()) {
+func (p *runnerPool) loop(w *runner, f task) {
 	defer p.wg.Done()
 	for f != nil {
-		f()
+		f.runTask()
 		var parked bool
 		if f, parked = p.next(w); f == nil && parked {
 			f = <-w.tasks
@@ -117,7 +125,7 @@ func (p *runnerPool) loop(w *runner, f func()) {
 
 // next returns a queued task for w, or lists w as idle (parked) or ends
 // it (neither): the pool closed, or enough are idle.
-func (p *runnerPool) next(w *runner) (f func(), parked bool) {
+func (p *runnerPool) next(w *runner) (f task, parked bool) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -194,7 +202,7 @@ func (p *runnerPool) close() {
 		p.running -= len(p.idle)
 		p.idle = nil
 		for p.queue.len() > 0 {
-			go (*p.queue.pop())()
+			go (*p.queue.pop()).runTask()
 		}
 	}
 	p.mu.Unlock()

@@ -16,7 +16,7 @@ func TestRunnerPool(t *testing.T) {
 	idle := func() []*runner { p.mu.Lock(); defer p.mu.Unlock(); return append([]*runner(nil), p.idle...) }
 	runWait := func() {
 		done := make(chan struct{})
-		p.run(func() { close(done) })
+		p.run(taskFunc(func() { close(done) }))
 		<-done
 	}
 
@@ -31,7 +31,7 @@ func TestRunnerPool(t *testing.T) {
 	ran := make(chan int, 100)
 	for i := range 100 {
 		wg.Add(1)
-		p.run(func() { defer wg.Done(); ran <- i })
+		p.run(taskFunc(func() { defer wg.Done(); ran <- i }))
 	}
 	wg.Wait()
 	require.Len(t, ran, 100)
@@ -42,7 +42,7 @@ func TestRunnerPool(t *testing.T) {
 		return len(p.idle) == 0 && !p.armed
 	}, 3*runnerIdle, 10*time.Millisecond, "idle runners end")
 
-	p.run(func() {})
+	p.run(taskFunc(func() {}))
 	p.close()
 	p.close() // idempotent
 	runWait()
