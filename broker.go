@@ -29,9 +29,9 @@ type Broker struct {
 	ownsCoord   bool
 	hooks       *hookSet // nil: none
 
-	// topics maps names to *topicState: Send reads it without a lock, and
-	// a create adds one entry (no copy of the whole map).
-	topics sync.Map
+	// topics maps names to their state: Send reads it without a lock,
+	// and a create adds one entry (no copy of the whole map).
+	topics *topicTable
 	closed atomic.Bool
 
 	mu sync.Mutex // serializes CreateTopic and Close
@@ -95,7 +95,7 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 			o(&c)
 		}
 	}
-	b := &Broker{storage: c.storage, cursors: c.cursors, coord: c.coord, log: c.log, clock: newCoarseClock(), hooks: newHookSet(nil, c.hooks), runners: newRunnerPool()}
+	b := &Broker{storage: c.storage, cursors: c.cursors, coord: c.coord, log: c.log, clock: newCoarseClock(), hooks: newHookSet(nil, c.hooks), runners: newRunnerPool(), topics: newTopicTable()}
 	if b.storage == nil {
 		b.storage, b.ownsStorage = NewMemoryStorage(), true
 	}
@@ -251,26 +251,19 @@ func (b *Broker) openTopic(ctx context.Context, meta TopicMeta) (*topicState, er
 
 // publish adds t to the topic map, or replaces the topic of its name. b.mu
 // must be held (or b not yet shared).
-func (b *Broker) publish(t *topicState) { b.topics.Store(t.meta.Name, t) }
+func (b *Broker) publish(t *topicState) { b.topics.store(t) }
 
 // unpublish removes the named topic from the topic map. b.mu held.
-func (b *Broker) unpublish(name string) { b.topics.Delete(name) }
+func (b *Broker) unpublish(name string) { b.topics.remove(name) }
 
 // lookup returns the named topic if the broker has it open.
 func (b *Broker) lookup(name string) (*topicState, bool) {
-	v, ok := b.topics.Load(name)
-	if !ok {
-		return nil, false
-	}
-	return v.(*topicState), true
+	return b.topics.lookup(name)
 }
 
 // each calls f for every topic open.
 func (b *Broker) each(f func(t *topicState)) {
-	b.topics.Range(func(_, v any) bool {
-		f(v.(*topicState))
-		return true
-	})
+	b.topics.each(f)
 }
 
 // Topic returns the metadata of the named topic.
