@@ -90,8 +90,7 @@ func (p *runnerPool) run(f task) {
 		return
 	}
 	if p.running >= maxRunners {
-		queued := f // a copy, so that only a queued task is moved to the heap
-		p.queue.push(&queued)
+		p.queue.push(f)
 		if !p.watching {
 			p.watching = true
 			p.watched = p.progress
@@ -131,7 +130,7 @@ func (p *runnerPool) next(w *runner) (f task, parked bool) {
 	defer p.mu.Unlock()
 	if p.queue.len() > 0 {
 		p.progress++
-		return *p.queue.pop(), false
+		return p.queue.pop(), false
 	}
 	if p.closed || len(p.idle) >= maxIdleRunners {
 		p.running--
@@ -157,7 +156,7 @@ func (p *runnerPool) watch() {
 	}
 	if p.progress == p.watched {
 		p.progress++
-		p.startLocked(*p.queue.pop())
+		p.startLocked(p.queue.pop())
 	}
 	p.watched = p.progress
 	p.watchdog.Reset(starveAfter)
@@ -202,7 +201,7 @@ func (p *runnerPool) close() {
 		p.running -= len(p.idle)
 		p.idle = nil
 		for p.queue.len() > 0 {
-			go (*p.queue.pop()).runTask()
+			go p.queue.pop().runTask()
 		}
 	}
 	p.mu.Unlock()

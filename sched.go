@@ -15,8 +15,8 @@ import (
 // idle for workerIdle retires, so an idle consumer parks no worker.
 type scheduler struct {
 	mu      sync.Mutex // guards every field below and every run's inReady
-	ready   fifo[queueRun]
-	retries fifo[retryItem]
+	ready   fifo[*queueRun]
+	retries fifo[*retryItem]
 	wake    chan struct{}
 
 	spawn   func()          // starts a worker (which calls next until it returns nil); nil: none
@@ -230,15 +230,16 @@ func (s *scheduler) retire() {
 }
 
 // fifo is a queue over a slice that starts over once emptied and reuses
-// its front when full, so that it does not reallocate as it cycles.
+// its front when full, so that it does not reallocate as it cycles. It
+// holds values: pushing an interface or a pointer allocates nothing.
 type fifo[T any] struct {
-	items []*T
+	items []T
 	head  int
 }
 
 func (q *fifo[T]) len() int { return len(q.items) - q.head }
 
-func (q *fifo[T]) push(x *T) {
+func (q *fifo[T]) push(x T) {
 	if len(q.items) == cap(q.items) && q.head > 0 {
 		// Full, with room at the front: move the items there rather than grow.
 		n := copy(q.items, q.items[q.head:])
@@ -249,9 +250,10 @@ func (q *fifo[T]) push(x *T) {
 }
 
 // pop returns the oldest item; the queue must not be empty.
-func (q *fifo[T]) pop() *T {
+func (q *fifo[T]) pop() T {
 	x := q.items[q.head]
-	q.items[q.head] = nil
+	var zero T
+	q.items[q.head] = zero
 	q.head++
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
