@@ -135,14 +135,12 @@ func ferryLatency(ctx context.Context, e *env) (*trial, error) {
 	if err != nil {
 		return nil, err
 	}
-	msgs := make([]ferry.Message, e.n)
-	for i := range msgs {
-		msgs[i] = ferry.Message{Topic: ferryTopic, Body: e.bodies[i]}
-	}
 	return &trial{
 		run: func(ctx context.Context) error {
 			err := e.sink.pace(ctx, e.n, func(i int) error {
-				_, err := p.Send(ctx, &msgs[i])
+				// Built per send, as the channel's message is: a slice of
+				// every message would be the GC's to mark through.
+				_, err := p.Send(ctx, &ferry.Message{Topic: ferryTopic, Body: e.bodies[i]})
 				return err
 			})
 			if err != nil {
