@@ -321,3 +321,27 @@ func TestDelayedMovedAreReleased(t *testing.T) {
 		return n == 0
 	}, nil)
 }
+
+// A DeliverAt already past is not delayed, and not stored either: what a
+// consumer gets has a zero DeliverAt, from a memory queue as from a file.
+func TestPastDeliverAtIsNotStored(t *testing.T) {
+	ctx := t.Context()
+	b := ferrytest.NewBroker(t)
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "jobs", Queues: 1}))
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	past := time.Now().Add(-time.Hour)
+	res, err := p.Send(ctx, &ferry.Message{Topic: "jobs", Key: "k", Tag: "t", Headers: map[string]string{"h": "v"}, Body: []byte("b"), DeliverAt: past})
+	require.NoError(t, err)
+	assert.True(t, res.DeliverAt.IsZero())
+	pc, err := b.NewPullConsumer("g", "jobs")
+	require.NoError(t, err)
+	require.NoError(t, pc.Start(ctx))
+	defer pc.Close()
+	msgs, err := pc.Poll(ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, msgs, 1)
+	got := msgs[0]
+	assert.True(t, got.DeliverAt.IsZero(), "stored DeliverAt %v", got.DeliverAt)
+	assert.Equal(t, ferry.Message{Topic: "jobs", Key: "k", Tag: "t", Headers: map[string]string{"h": "v"}, Body: []byte("b")}, got.Message)
+}

@@ -216,7 +216,11 @@ func (p *Producer) prepare(ctx context.Context, m *Message, em *EnhancedMessage,
 	if t, err = p.check(m); err != nil {
 		return nil, 0, err
 	}
-	em.Message = *m
+	// Field by field, not em.Message = *m: while the GC marks, a struct
+	// copy takes the bulk write barrier, which walks the type's pointer
+	// bitmap; and DeliverAt is not stored (it is zero on what consumers
+	// get, from any storage).
+	em.Topic, em.Key, em.Tag, em.Headers, em.Body = m.Topic, m.Key, m.Tag, m.Headers, m.Body
 	em.ID = messageID(now, c)
 	em.BornTime = now
 	em.BornAddress = bornAddress
