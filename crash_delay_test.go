@@ -1,15 +1,12 @@
 package ferry_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +19,7 @@ import (
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/ferrymq/ferry/filestore"
+	"github.com/ferrymq/ferry/internal/crashtest"
 )
 
 // The delay crash test re-executes the test binary as a child (the init
@@ -271,38 +269,9 @@ type crashStats struct{ sent, dups, moving, retried int }
 // store and checks it.
 func delayCrashRound(t *testing.T, round, lines int) crashStats {
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), delayCrashEnv+"="+dir)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
+	got, stderr, kill, err := crashtest.Run([]string{delayCrashEnv + "=" + dir}, lines)
 	require.NoError(t, err)
-	defer stdin.Close()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	reached := make(chan struct{})
-	out := make(chan []string, 1)
-	go func() {
-		var got []string
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			got = append(got, sc.Text())
-			if len(got) == lines {
-				close(reached)
-			}
-		}
-		if len(got) < lines {
-			close(reached)
-		}
-		out <- got
-	}()
-	<-reached
-	require.NoError(t, cmd.Process.Kill())
-	kill := time.Now()
-	got := <-out
-	_ = cmd.Wait()
-	require.NotContains(t, stderr.String(), "DATA RACE", "the child")
+	require.NotContains(t, stderr, "DATA RACE", "the child")
 
 	type sentMsg struct{ due, acked time.Time }
 	acked := map[string]sentMsg{}
@@ -331,7 +300,7 @@ func delayCrashRound(t *testing.T, round, lines int) crashStats {
 			}
 			hs = append(hs, h)
 		default:
-			t.Fatalf("round %d: the child said %q (stderr: %s)", round, l, stderr.String())
+			t.Fatalf("round %d: the child said %q (stderr: %s)", round, l, stderr)
 		}
 	}
 	require.NotEmpty(t, acked, "round %d: the child acknowledged nothing in %d lines", round, len(got))

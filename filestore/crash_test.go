@@ -1,12 +1,10 @@
 package filestore_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/filestore"
+	"github.com/ferrymq/ferry/internal/crashtest"
 )
 
 // The crash test re-executes the test binary as a child that writes from
@@ -119,36 +118,13 @@ func testCrashRecovery(t *testing.T, never bool) {
 		if k == 0 {
 			target = 0 // at once, before the child can acknowledge a cursor
 		}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
+		env := []string{crashChildEnv + "=" + dir}
 		if never {
-			cmd.Env = append(cmd.Env, crashSyncEnv+"=never")
+			env = append(env, crashSyncEnv+"=never")
 		}
-		stdout, err := cmd.StdoutPipe()
+		got, stderr, _, err := crashtest.Run(env, target)
 		require.NoError(t, err)
-		require.NoError(t, cmd.Start())
-		reached := make(chan struct{})
-		lines := make(chan []string, 1)
-		go func() {
-			var got []string
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				got = append(got, sc.Text())
-				if len(got) == target {
-					close(reached)
-				}
-			}
-			if len(got) < target {
-				close(reached)
-			}
-			lines <- got
-		}()
-		if target > 0 {
-			<-reached
-		}
-		require.NoError(t, cmd.Process.Kill())
-		got := <-lines
-		_ = cmd.Wait()
+		require.NotContains(t, stderr, "DATA RACE", "the child")
 		for _, l := range got {
 			f := strings.Fields(l)
 			switch f[0] {
