@@ -19,12 +19,7 @@ import (
 // with a consumer each must cost memory, not goroutines.
 func TestIdleConsumersParkNoGoroutine(t *testing.T) {
 	const topics = 200
-	b, err := ferry.NewBroker()
-	require.NoError(t, err)
-	defer b.Close()
-	p, err := b.NewProducer()
-	require.NoError(t, err)
-	defer p.Close()
+	b, p := newBrokerAndProducer(t)
 	before := runtime.NumGoroutine()
 
 	var handled atomic.Int64
@@ -49,12 +44,7 @@ func TestIdleConsumersParkNoGoroutine(t *testing.T) {
 // which must not leave a woken queue waiting behind handlers that block.
 func TestBlockedHandlersDoNotStarveOtherTopics(t *testing.T) {
 	const topics = 100 // many more than the runners the pool starts at once
-	b, err := ferry.NewBroker()
-	require.NoError(t, err)
-	defer b.Close()
-	p, err := b.NewProducer()
-	require.NoError(t, err)
-	defer p.Close()
+	b, p := newBrokerAndProducer(t)
 
 	var started atomic.Int64
 	all := make(chan struct{})
@@ -85,12 +75,7 @@ func TestBlockedHandlersDoNotStarveOtherTopics(t *testing.T) {
 func TestBurstOverIdleTopicsStartsNoWorkerPerConsumer(t *testing.T) {
 	const topics, each = 200, 4
 	ctx := context.Background()
-	b, err := ferry.NewBroker()
-	require.NoError(t, err)
-	defer b.Close()
-	p, err := b.NewProducer()
-	require.NoError(t, err)
-	defer p.Close()
+	b, p := newBrokerAndProducer(t)
 	var handled atomic.Int64
 	h := ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error {
 		handled.Add(1)
@@ -109,6 +94,19 @@ func TestBurstOverIdleTopicsStartsNoWorkerPerConsumer(t *testing.T) {
 	require.Eventually(t, func() bool { return handled.Load() == topics*each }, 10*time.Second, time.Millisecond)
 	// Workers retire after a second idle: any started now are still here.
 	assert.Less(t, runtime.NumGoroutine()-before, topics/4, "goroutines left by the burst")
+}
+
+// newBrokerAndProducer returns a memory broker and a producer of it, both
+// closed when the test ends (after the consumers startPerTopic starts).
+func newBrokerAndProducer(t *testing.T) (*ferry.Broker, *ferry.Producer) {
+	t.Helper()
+	b, err := ferry.NewBroker()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return b, p
 }
 
 // startPerTopic creates topics t0, t1, … of one queue, each with a
