@@ -172,6 +172,7 @@ var (
 		{WorkloadTopics, "nats"}:       topicsPoint(natsTopics),
 		{WorkloadPaced, "ferry"}:       pacedPoint(ferryLatency),
 		{WorkloadPaced, "chan"}:        pacedPoint(chanLatency),
+		{WorkloadPaced, "nats"}:        pacedPoint(natsCore(false)),
 		{WorkloadBacklog, "ferry"}:     backlogPoint(ferryBacklog),
 		{WorkloadBacklog, "chan"}:      backlogPoint(chanBacklog),
 		{WorkloadBacklog, "watermill"}: backlogPoint(watermillBacklog),
