@@ -258,7 +258,7 @@ func offsetAtTime(ctx context.Context, q Queue, at time.Time, oldest, next int64
 		if n < 1 {
 			return 0, fmt.Errorf("queue %T read nothing at %d", q, mid)
 		}
-		if !one[0].StoreTime.Before(at) {
+		if !one[0].StoreTime().Before(at) {
 			hi = mid
 		} else {
 			lo = mid + 1

@@ -192,8 +192,8 @@ func lastStoreTime(t *testing.T, b *ferry.Broker) time.Time {
 		dst := make([]*ferry.EnhancedMessage, 1)
 		_, err = q.Read(context.Background(), next-1, dst)
 		require.NoError(t, err)
-		if dst[0].StoreTime.After(last) {
-			last = dst[0].StoreTime
+		if dst[0].StoreTime().After(last) {
+			last = dst[0].StoreTime()
 		}
 	}
 	return last

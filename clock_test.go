@@ -127,13 +127,13 @@ func TestProducerStampsFromCoarseClock(t *testing.T) {
 	require.NoError(t, err)
 	backs := 0
 	for _, em := range dst[:n] {
-		if em.BornTime.Before(prev) { // once at most, where the clock switched on
+		if em.BornTime().Before(prev) { // once at most, where the clock switched on
 			backs++
 			require.Equal(t, 1, backs)
-			require.Less(t, prev.Sub(em.BornTime), clockTick)
+			require.Less(t, prev.Sub(em.BornTime()), clockTick)
 		}
-		require.Equal(t, em.BornTime, em.StoreTime)
-		prev = em.BornTime
+		require.Equal(t, em.BornTime(), em.StoreTime())
+		prev = em.BornTime()
 	}
 	require.NoError(t, b.Close())
 	assert.False(t, b.clock.on.Load())

@@ -3,8 +3,9 @@ package ferry
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"math"
-	"time"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -22,13 +23,13 @@ func AppendEncode(dst []byte, m *EnhancedMessage) []byte {
 	dst = append(dst, m.ID[:]...)
 	dst = binary.AppendUvarint(dst, uint64(m.Queue))
 	dst = binary.AppendVarint(dst, m.Offset)
-	dst = appendTime(dst, m.BornTime)
-	dst = appendTime(dst, m.StoreTime)
+	dst = appendTime(dst, m.BornUnixNano)
+	dst = appendTime(dst, m.StoreUnixNano)
 	dst = appendString(dst, m.Topic)
 	dst = appendString(dst, m.Key)
 	dst = appendString(dst, m.Tag)
-	dst = appendString(dst, m.BornAddress)
-	dst = appendString(dst, m.Producer)
+	dst = appendString(dst, m.BornAddress())
+	dst = appendString(dst, m.Producer())
 	dst = binary.AppendUvarint(dst, uint64(len(m.Headers)))
 	for k, v := range m.Headers {
 		dst = appendString(dst, k)
@@ -41,8 +42,8 @@ func AppendEncode(dst []byte, m *EnhancedMessage) []byte {
 // EncodedSize returns len(AppendEncode(nil, m)) without encoding.
 func EncodedSize(m *EnhancedMessage) int {
 	n := 1 + len(m.ID) + uvarintLen(uint64(m.Queue)) + varintLen(m.Offset) +
-		timeLen(m.BornTime) + timeLen(m.StoreTime) +
-		strLen(m.Topic) + strLen(m.Key) + strLen(m.Tag) + strLen(m.BornAddress) + strLen(m.Producer) +
+		timeLen(m.BornUnixNano) + timeLen(m.StoreUnixNano) +
+		strLen(m.Topic) + strLen(m.Key) + strLen(m.Tag) + strLen(m.BornAddress()) + strLen(m.Producer()) +
 		uvarintLen(uint64(len(m.Headers))) + uvarintLen(uint64(len(m.Body))) + len(m.Body)
 	for k, v := range m.Headers {
 		n += strLen(k) + strLen(v)
@@ -72,8 +73,8 @@ func Decode(b []byte) (*EnhancedMessage, int, error) {
 	}
 	m.Queue = int(q)
 	m.Offset = d.varint()
-	m.BornTime = d.time()
-	m.StoreTime = d.time()
+	m.BornUnixNano = d.time()
+	m.StoreUnixNano = d.time()
 	// The variable-length fields are copied into one allocation, which the
 	// strings and the body share.
 	start := d.off
@@ -101,7 +102,7 @@ func Decode(b []byte) (*EnhancedMessage, int, error) {
 		return unsafe.String(&data[s[0]-start], s[1]-s[0])
 	}
 	m.Topic, m.Key, m.Tag = str(topic), str(key), str(tag)
-	m.BornAddress, m.Producer = str(addr), str(prod)
+	m.Origin = internOrigin(b[prod[0]:prod[1]], b[addr[0]:addr[1]])
 	if nh > 0 {
 		// The count hints the map's size only up to maxHeaderHint: a
 		// million empty headers are one entry, not a million.
@@ -174,12 +175,13 @@ func (d *decoder) varint() int64 {
 	return v
 }
 
-func (d *decoder) time() time.Time {
+// time reads a time in Unix nanoseconds; 0 for none.
+func (d *decoder) time() int64 {
 	v := d.varint()
 	if d.err != nil || v == noTime {
-		return time.Time{}
+		return 0
 	}
-	return time.Unix(0, v)
+	return v
 }
 
 // span reads a length-prefixed field and returns its [start, end) in b.
@@ -202,11 +204,12 @@ func appendString(dst []byte, s string) []byte {
 	return append(dst, s...)
 }
 
-func appendTime(dst []byte, t time.Time) []byte {
-	if t.IsZero() {
+// appendTime appends a time in Unix nanoseconds, 0 meaning none.
+func appendTime(dst []byte, ns int64) []byte {
+	if ns == 0 {
 		return binary.AppendVarint(dst, noTime)
 	}
-	return binary.AppendVarint(dst, t.UnixNano())
+	return binary.AppendVarint(dst, ns)
 }
 
 func uvarintLen(v uint64) int {
@@ -228,9 +231,37 @@ func varintLen(v int64) int {
 
 func strLen(s string) int { return uvarintLen(uint64(len(s))) + len(s) }
 
-func timeLen(t time.Time) int {
-	if t.IsZero() {
+func timeLen(ns int64) int {
+	if ns == 0 {
 		return varintLen(noTime)
 	}
-	return varintLen(t.UnixNano())
+	return varintLen(ns)
+}
+
+// originCache holds decoded Origins, so that decoded messages of one
+// producer share one as sent messages do, instead of each carrying its
+// own: a direct-mapped table, one slot per hash of the producer and host.
+var originCache [32]atomic.Pointer[Origin]
+
+var originSeed = maphash.MakeSeed()
+
+// internOrigin returns an Origin for producer and host (nil if both are
+// empty), from originCache when it holds one, else a new one it caches.
+// The Origin does not alias the arguments.
+func internOrigin(producer, host []byte) *Origin {
+	if len(producer) == 0 && len(host) == 0 {
+		return nil
+	}
+	var h maphash.Hash
+	h.SetSeed(originSeed)
+	_, _ = h.Write(producer)
+	_ = h.WriteByte(0)
+	_, _ = h.Write(host)
+	slot := &originCache[h.Sum64()%uint64(len(originCache))]
+	if o := slot.Load(); o != nil && o.Producer == string(producer) && o.Host == string(host) {
+		return o
+	}
+	o := &Origin{Producer: string(producer), Host: string(host)}
+	slot.Store(o)
+	return o
 }

@@ -26,13 +26,12 @@ func sampleMessages() []*ferry.EnhancedMessage {
 				Headers: map[string]string{"trace": "abc", "": "empty-key", "empty-value": ""},
 				Body:    []byte("hello, ferry"),
 			},
-			ID:          ferry.NewMessageID(now),
-			BornTime:    now,
-			BornAddress: "host-1",
-			Producer:    "p-1",
-			Queue:       3,
-			Offset:      1 << 40,
-			StoreTime:   now.Add(time.Millisecond),
+			ID:            ferry.NewMessageID(now),
+			BornUnixNano:  now.UnixNano(),
+			Origin:        &ferry.Origin{Producer: "p-1", Host: "host-1"},
+			Queue:         3,
+			Offset:        1 << 40,
+			StoreUnixNano: now.Add(time.Millisecond).UnixNano(),
 		},
 		{Message: ferry.Message{Topic: "big", Body: bytes.Repeat([]byte{0xab}, 70000)}, Offset: 0, Queue: 65535},
 	}
@@ -49,13 +48,12 @@ func TestCodecRoundTrip(t *testing.T) {
 		assert.Equal(t, m.Topic, got.Topic)
 		assert.Equal(t, m.Key, got.Key)
 		assert.Equal(t, m.Tag, got.Tag)
-		assert.Equal(t, m.BornAddress, got.BornAddress)
-		assert.Equal(t, m.Producer, got.Producer)
+		assert.Equal(t, m.Origin, got.Origin)
 		assert.Equal(t, m.Queue, got.Queue)
 		assert.Equal(t, m.Offset, got.Offset)
-		assert.True(t, m.BornTime.Equal(got.BornTime), "born time %v != %v", m.BornTime, got.BornTime)
-		assert.True(t, m.StoreTime.Equal(got.StoreTime))
-		assert.Equal(t, m.BornTime.IsZero(), got.BornTime.IsZero())
+		assert.Equal(t, m.BornUnixNano, got.BornUnixNano)
+		assert.Equal(t, m.StoreUnixNano, got.StoreUnixNano)
+		assert.Equal(t, m.BornTime().IsZero(), got.BornTime().IsZero())
 		if len(m.Headers) == 0 {
 			assert.Empty(t, got.Headers)
 		} else {
@@ -92,6 +90,39 @@ func TestCodecDoesNotAliasInput(t *testing.T) {
 	assert.Equal(t, "orders", got.Topic)
 	assert.Equal(t, "hello, ferry", string(got.Body))
 	assert.Equal(t, "abc", got.Headers["trace"])
+	assert.Equal(t, &ferry.Origin{Producer: "p-1", Host: "host-1"}, got.Origin)
+}
+
+// Decoded messages of one producer share one Origin, as the messages it
+// sent do: an Origin per decoded message would undo the envelope's
+// saving for every reader of a file or a stream.
+func TestCodecSharesOrigins(t *testing.T) {
+	decode := func(producer, host string) *ferry.EnhancedMessage {
+		t.Helper()
+		var o *ferry.Origin
+		if producer != "" || host != "" {
+			o = &ferry.Origin{Producer: producer, Host: host}
+		}
+		got, _, err := ferry.Decode(ferry.AppendEncode(nil, &ferry.EnhancedMessage{Message: ferry.Message{Topic: "t"}, Origin: o}))
+		require.NoError(t, err)
+		return got
+	}
+	a1, b1 := decode("a", "h"), decode("b", "h")
+	a2, b2 := decode("a", "h"), decode("b", "h")
+	assert.Same(t, a1.Origin, a2.Origin)
+	assert.Same(t, b1.Origin, b2.Origin)
+	assert.Equal(t, ferry.Origin{Producer: "a", Host: "h"}, *a1.Origin)
+	assert.Equal(t, ferry.Origin{Producer: "b", Host: "h"}, *b2.Origin)
+	// Same strings split differently are another origin.
+	assert.Equal(t, ferry.Origin{Producer: "ah", Host: ""}, *decode("ah", "").Origin)
+	assert.Equal(t, ferry.Origin{Producer: "", Host: "ah"}, *decode("", "ah").Origin)
+
+	none := decode("", "")
+	assert.Nil(t, none.Origin)
+	assert.Equal(t, "", none.Producer())
+	assert.Equal(t, "", none.BornAddress())
+	assert.True(t, none.BornTime().IsZero())
+	assert.True(t, none.StoreTime().IsZero())
 }
 
 func TestCodecRejectsTruncation(t *testing.T) {

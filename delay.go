@@ -270,7 +270,7 @@ func delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time
 	h[headerDelayHop] = strconv.FormatInt(hop.UnixNano(), 10)
 	return &EnhancedMessage{
 		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: h, Body: em.Body},
-		ID:      em.ID, BornTime: em.BornTime, BornAddress: em.BornAddress, Producer: em.Producer,
+		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
 	}
 }
 
@@ -715,7 +715,7 @@ func (d *delayer) act(a *delayAction, now time.Time) bool {
 	q := t.queues[a.target.Queue%len(t.queues)]
 	em := &EnhancedMessage{
 		Message: Message{Topic: t.meta.Name, Key: a.msg.Key, Tag: a.msg.Tag, Headers: stripDelay(a.msg.Headers), Body: a.msg.Body},
-		ID:      a.msg.ID, BornTime: a.msg.BornTime, BornAddress: a.msg.BornAddress, Producer: a.msg.Producer,
+		ID:      a.msg.ID, BornUnixNano: a.msg.BornUnixNano, Origin: a.msg.Origin,
 	}
 	if err := write(d.ctx, q, em, false); err != nil {
 		return d.failed(a, err)

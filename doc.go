@@ -8,8 +8,8 @@
 //
 // A [Broker] owns topics. [Broker.CreateTopic] makes a topic of n queues;
 // [Broker.NewProducer] returns a [Producer] whose [Producer.Send] stamps a
-// [Message] into an [EnhancedMessage] (ID, BornTime, BornAddress,
-// Producer), asks its [Router] for a queue and writes it there:
+// [Message] into an [EnhancedMessage] (ID, born time, [Origin]), asks its
+// [Router] for a queue and writes it there:
 //
 //	b, _ := ferry.NewBroker()
 //	defer b.Close()

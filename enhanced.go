@@ -12,38 +12,94 @@ import (
 	"time"
 )
 
-// EnhancedMessage is a Message plus what the producer stamps (ID, BornTime,
-// BornAddress, Producer) and what the store assigns (Queue, Offset,
-// StoreTime). It is immutable once written: queues hand every reader the
+// EnhancedMessage is a Message plus what the producer stamps (ID, the
+// born time, the [Origin]) and what the store assigns (Queue, Offset, the
+// store time). It is immutable once written: queues hand every reader the
 // same pointer, so nobody may modify a stored EnhancedMessage.
+//
+// Every message a queue keeps is one of these, so its size is the
+// library's memory and GC cost per message: times are Unix nanoseconds
+// (read them as [time.Time] with [EnhancedMessage.BornTime] and
+// [EnhancedMessage.StoreTime]) and the producer's name and host are one
+// shared pointer, which keeps it at 160 bytes and seven pointer words.
 type EnhancedMessage struct {
 	Message
 	// ID is unique and roughly sortable by time; see [MessageID].
 	ID MessageID
-	// BornTime is when the producer stamped the message. While a broker's
-	// producers send more than about 64,000 messages a second, they stamp
-	// them with a reading of the clock the broker refreshes every
-	// millisecond instead of reading the clock per message: BornTime then
-	// has millisecond resolution and can lag the wall clock by a
-	// millisecond, more when the machine is saturated.
-	BornTime time.Time
-	// BornAddress names the host that produced the message.
-	BornAddress string
-	// Producer is the producer's name (see WithProducerName).
-	Producer string
+	// BornUnixNano is when the producer stamped the message, in Unix
+	// nanoseconds; zero: unknown. While a broker's producers send more
+	// than about 64,000 messages a second, they stamp them with a reading
+	// of the clock the broker refreshes every millisecond instead of
+	// reading the clock per message: the stamp then has millisecond
+	// resolution and can lag the wall clock by a millisecond, more when
+	// the machine is saturated.
+	BornUnixNano int64
+	// Origin names the producer and its host. Every message of one
+	// producer shares it: never modify it. Nil: unknown.
+	Origin *Origin
 
 	// Queue is the queue index within Topic the message was written to.
 	Queue int
 	// Offset is the message's position in its queue.
 	Offset int64
-	// StoreTime is when the queue stored the message. A memory queue
-	// written by a Producer takes the producer's stamp (BornTime) unless
-	// the write had to wait for room.
-	StoreTime time.Time
+	// StoreUnixNano is when the queue stored the message, in Unix
+	// nanoseconds; zero: unknown. A memory queue written by a Producer
+	// takes the producer's stamp (BornUnixNano) unless the write had to
+	// wait for room.
+	StoreUnixNano int64
+}
+
+// Origin is where messages come from: a producer and its host. A
+// producer stamps one Origin on all its messages.
+type Origin struct {
+	// Producer is the producer's name (see [WithProducerName]).
+	Producer string
+	// Host names the host that produced the messages (see [BornAddress]).
+	Host string
 }
 
 // QueueID returns the queue the message was written to.
 func (m *EnhancedMessage) QueueID() QueueID { return QueueID{Topic: m.Topic, Queue: m.Queue} }
+
+// BornTime returns when the producer stamped the message (see
+// BornUnixNano), or the zero time if unknown.
+func (m *EnhancedMessage) BornTime() time.Time { return unixTime(m.BornUnixNano) }
+
+// StoreTime returns when the queue stored the message (see StoreUnixNano),
+// or the zero time if unknown.
+func (m *EnhancedMessage) StoreTime() time.Time { return unixTime(m.StoreUnixNano) }
+
+// Producer returns the producer's name, "" if unknown.
+func (m *EnhancedMessage) Producer() string {
+	if m.Origin == nil {
+		return ""
+	}
+	return m.Origin.Producer
+}
+
+// BornAddress returns the host that produced the message, "" if unknown.
+func (m *EnhancedMessage) BornAddress() string {
+	if m.Origin == nil {
+		return ""
+	}
+	return m.Origin.Host
+}
+
+// unixTime is time.Unix(0, ns), or the zero time for 0.
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// unixNano is t.UnixNano(), or 0 for the zero time.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
 
 // MessageID identifies a message: 6 bytes of Unix milliseconds (big endian,
 // so IDs sort roughly by time), 4 bytes naming the process (a hash of host

@@ -122,10 +122,11 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		q.msgs, q.sizes = q.msgs[:live], q.sizes[:live]
 		q.head = 0
 	}
+	stored := now.UnixNano()
 	for i, m := range msgs {
 		m.Queue = q.id.Queue
 		m.Offset = first + int64(i)
-		m.StoreTime = now
+		m.StoreUnixNano = stored
 		if len(msgs) == 1 {
 			q.sizes = append(q.sizes, size) // a Send: its size is known
 		} else {
@@ -161,7 +162,7 @@ func (q *MemoryQueue) trim(now time.Time, n, size int64) {
 			return
 		}
 		if q.ret.MaxAge > 0 {
-			old := now.Sub(q.msgs[q.head].StoreTime) > q.ret.MaxAge
+			old := now.UnixNano()-q.msgs[q.head].StoreUnixNano > int64(q.ret.MaxAge)
 			if !old && q.fits(n, size) {
 				return
 			}

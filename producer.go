@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // DefaultMaxMessageBytes is the default bound on [Message.Size] (4 MiB,
@@ -15,7 +16,7 @@ import (
 const DefaultMaxMessageBytes = 4 << 20
 
 // Producer sends messages to the broker's topics: it stamps each message
-// (ID, BornTime, BornAddress, Producer), routes it to a queue and writes it.
+// (ID, born time, [Origin]), routes it to a queue and writes it.
 //
 // A Producer is safe for concurrent use. It starts no goroutine; Send takes
 // no broker-wide lock, only the target queue's.
@@ -23,6 +24,7 @@ type Producer struct {
 	b      *Broker
 	router Router
 	name   string
+	origin *Origin // stamped on every message: one pointer, shared
 	max    int
 	hooks  *hookSet // nil: none
 	closed atomic.Bool
@@ -41,14 +43,17 @@ type Producer struct {
 // neighbours in memory for a consumer reading them in order. A message
 // kept (by a backlog, a handler holding it) keeps its slab, the envelopes
 // of up to slabSize-1 other messages the producer sent about then: at
-// most 14 KB per kept message, and nothing more once the others are
-// gone too.
+// most 8 KB per kept message, and nothing more once the others are gone
+// too.
 type envSlab struct {
 	next atomic.Int32
 	ms   [slabSize]EnhancedMessage
 }
 
-const slabSize = 64
+// slabSize fills the runtime's 8 KB size class: 51 envelopes, with the
+// counter and the 8-byte header the runtime puts on objects that hold
+// pointers.
+const slabSize = int32((8192 - 16) / unsafe.Sizeof(EnhancedMessage{}))
 
 // envelope returns a zeroed envelope from the producer's slab.
 func (p *Producer) envelope() *EnhancedMessage {
@@ -123,7 +128,8 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 	if b.closed.Load() {
 		return nil, errorf("ferry: new producer: %w", ErrClosed)
 	}
-	return &Producer{b: b, router: c.router, name: c.name, max: c.max, hooks: newHookSet(b.hooks, c.hooks)}, nil
+	origin := &Origin{Producer: c.name, Host: bornAddress}
+	return &Producer{b: b, router: c.router, name: c.name, origin: origin, max: c.max, hooks: newHookSet(b.hooks, c.hooks)}, nil
 }
 
 // Send stamps m, routes it and writes it to its queue. It returns where m
@@ -222,9 +228,8 @@ func (p *Producer) prepare(ctx context.Context, m *Message, em *EnhancedMessage,
 	// get, from any storage).
 	em.Topic, em.Key, em.Tag, em.Headers, em.Body = m.Topic, m.Key, m.Tag, m.Headers, m.Body
 	em.ID = messageID(now, c)
-	em.BornTime = now
-	em.BornAddress = bornAddress
-	em.Producer = p.name
+	em.BornUnixNano = now.UnixNano()
+	em.Origin = p.origin
 	if i, err = p.route(em, t.meta); err != nil {
 		return nil, 0, err
 	}

@@ -76,15 +76,16 @@ func TestSendStampsRoutesAndStores(t *testing.T) {
 	require.Equal(t, 2, n)
 	em := dst[0]
 	assert.Equal(t, res.ID, em.ID)
-	assert.Equal(t, "p1", em.Producer)
-	assert.Equal(t, ferry.BornAddress(), em.BornAddress)
-	assert.False(t, em.BornTime.IsZero())
-	assert.False(t, em.StoreTime.Before(em.BornTime))
+	assert.Equal(t, "p1", em.Producer())
+	assert.Equal(t, ferry.BornAddress(), em.BornAddress())
+	assert.False(t, em.BornTime().IsZero())
+	assert.False(t, em.StoreTime().Before(em.BornTime()))
 	assert.Equal(t, want, em.Queue)
 	assert.Equal(t, "created", em.Tag)
 	assert.Equal(t, "one", string(em.Body))
 	assert.Equal(t, "v", em.Headers["h"])
 	assert.Less(t, em.ID.String(), dst[1].ID.String(), "later ids sort later")
+	assert.Same(t, em.Origin, dst[1].Origin, "one producer, one Origin")
 }
 
 func TestSendRejectsBadInput(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 type WritableQueue interface {
 	// ID returns the queue's identity.
 	ID() QueueID
-	// Write appends msgs in order, sets Queue, Offset and StoreTime on each
+	// Write appends msgs in order, sets Queue, Offset and StoreUnixNano on each
 	// and returns the offset of the first. It is all or nothing: on error
 	// no message of msgs is stored. An empty msgs writes nothing and returns
 	// the next offset. A nil element is [ErrInvalidMessage]. A batch larger

@@ -138,7 +138,7 @@ func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cau
 		h[HeaderError] = clip(cause.Error(), maxErrorHeader)
 		em := &EnhancedMessage{
 			Message: Message{Topic: target, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body},
-			ID:      id, BornTime: msg.BornTime, BornAddress: msg.BornAddress, Producer: msg.Producer,
+			ID:      id, BornUnixNano: msg.BornUnixNano, Origin: msg.Origin,
 		}
 		at := m.b.time.Now().Add(d.retryWait(cause, attempt))
 		_, err = m.b.delay.place(r.hctx, em, QueueID{Topic: target, Queue: v.Queue % t.meta.Queues}, at, true)

@@ -96,7 +96,7 @@ func (r *keyHashRouter) Select(m *EnhancedMessage, meta TopicMeta) (int, error) 
 		return 0, nil
 	}
 	if r.gap > 0 {
-		born := m.BornTime.UnixNano()
+		born := m.BornUnixNano
 		if last := r.last.Load(); born-last > r.touch {
 			// last is refreshed only every touch, so that routing a
 			// message writes no shared memory but the counter.

@@ -52,7 +52,7 @@ func TestKeyHashRouterSticksEmptyKeysInRuns(t *testing.T) {
 	var seq []int
 	for i := range 3 * 4 * ferry.DefaultStickyRun {
 		// Fast: a microsecond apart, well within DefaultStickyGap.
-		m := &ferry.EnhancedMessage{BornTime: born.Add(time.Duration(i) * time.Microsecond)}
+		m := &ferry.EnhancedMessage{BornUnixNano: born.Add(time.Duration(i) * time.Microsecond).UnixNano()}
 		q, err := r.Select(m, meta)
 		require.NoError(t, err)
 		seq = append(seq, q)
@@ -88,7 +88,7 @@ func TestKeyHashRouterRoundRobinsSlowEmptyKeys(t *testing.T) {
 	var seq []int
 	for i := range 9 {
 		// Slow: each message more than DefaultStickyGap after the one before.
-		m := &ferry.EnhancedMessage{BornTime: born.Add(time.Duration(i) * 2 * ferry.DefaultStickyGap)}
+		m := &ferry.EnhancedMessage{BornUnixNano: born.Add(time.Duration(i) * 2 * ferry.DefaultStickyGap).UnixNano()}
 		q, err := r.Select(m, meta)
 		require.NoError(t, err)
 		seq = append(seq, q)
@@ -102,7 +102,7 @@ func TestKeyHashRoutersStartOnDifferentQueues(t *testing.T) {
 	meta := ferry.TopicMeta{Name: "t", Queues: 8}
 	born := time.Now()
 	first := func() int {
-		q, err := ferry.KeyHashRouter().Select(&ferry.EnhancedMessage{BornTime: born}, meta)
+		q, err := ferry.KeyHashRouter().Select(&ferry.EnhancedMessage{BornUnixNano: born.UnixNano()}, meta)
 		require.NoError(t, err)
 		return q
 	}
@@ -118,7 +118,7 @@ func TestKeyHashRouterConcurrentEmptyKeys(t *testing.T) {
 	for range goroutines {
 		wg.Go(func() {
 			for range each {
-				q, err := r.Select(&ferry.EnhancedMessage{BornTime: time.Now()}, meta)
+				q, err := r.Select(&ferry.EnhancedMessage{BornUnixNano: time.Now().UnixNano()}, meta)
 				assert.NoError(t, err)
 				assert.True(t, q >= 0 && q < 5, "queue %d", q)
 			}
@@ -164,7 +164,7 @@ func TestKeyHashRouterStickyOptions(t *testing.T) {
 	route := func(r ferry.Router, n int, step time.Duration) []int {
 		var seq []int
 		for i := range n {
-			q, err := r.Select(&ferry.EnhancedMessage{BornTime: born.Add(time.Duration(i) * step)}, meta)
+			q, err := r.Select(&ferry.EnhancedMessage{BornUnixNano: born.Add(time.Duration(i) * step).UnixNano()}, meta)
 			require.NoError(t, err)
 			seq = append(seq, q)
 		}

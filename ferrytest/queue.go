@@ -27,7 +27,7 @@ type QueueFactory func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queu
 //   - Identity: ID names the topic and queue; a new queue is empty (Offsets
 //     0, 0).
 //   - WriteRead: batches get contiguous offsets from 0 in order; Write
-//     returns the first, stamps Queue, Offset and StoreTime on each message;
+//     returns the first, stamps Queue, Offset and StoreUnixNano on each message;
 //     Read returns them, every field equal, from any offset, as many as dst
 //     holds.
 //   - EmptyWrite: an empty batch writes nothing and returns the next offset.
@@ -124,10 +124,9 @@ func newMessage(seq int) *ferry.EnhancedMessage {
 			Headers: map[string]string{"seq": s},
 			Body:    []byte("body-" + s),
 		},
-		ID:          ferry.NewMessageID(now),
-		BornTime:    now,
-		BornAddress: "ferrytest",
-		Producer:    "ferrytest",
+		ID:           ferry.NewMessageID(now),
+		BornUnixNano: now.UnixNano(),
+		Origin:       &ferry.Origin{Producer: "ferrytest", Host: "ferrytest"},
 	}
 }
 
@@ -144,9 +143,9 @@ func newMessages(seq, n int) []*ferry.EnhancedMessage {
 func sizedMessage(size int) *ferry.EnhancedMessage {
 	now := time.Now()
 	return &ferry.EnhancedMessage{
-		Message:  ferry.Message{Topic: suiteTopic, Body: make([]byte, size)},
-		ID:       ferry.NewMessageID(now),
-		BornTime: now,
+		Message:      ferry.Message{Topic: suiteTopic, Body: make([]byte, size)},
+		ID:           ferry.NewMessageID(now),
+		BornUnixNano: now.UnixNano(),
 	}
 }
 
@@ -228,8 +227,8 @@ func (s *queueSuite) writeRead(t *testing.T, w *watchdog) {
 			if m.Queue != suiteQueue || m.Offset != first+int64(j) {
 				t.Fatalf("batch %d message %d stamped queue %d offset %d, want queue %d offset %d", i, j, m.Queue, m.Offset, suiteQueue, first+int64(j))
 			}
-			if m.StoreTime.IsZero() || m.StoreTime.Before(before.Add(-time.Second)) {
-				t.Fatalf("batch %d message %d stamped StoreTime %v, want about now", i, j, m.StoreTime)
+			if m.StoreTime().IsZero() || m.StoreTime().Before(before.Add(-time.Second)) {
+				t.Fatalf("batch %d message %d stamped StoreTime %v, want about now", i, j, m.StoreTime())
 			}
 		}
 		all = append(all, batch...)

@@ -190,18 +190,18 @@ func sameMessage(got, want *ferry.EnhancedMessage) string {
 		return fmt.Sprintf("Body %q, want %q", got.Body, want.Body)
 	case got.ID != want.ID:
 		return fmt.Sprintf("ID %s, want %s", got.ID, want.ID)
-	case !got.BornTime.Equal(want.BornTime):
-		return fmt.Sprintf("BornTime %v, want %v", got.BornTime, want.BornTime)
-	case got.BornAddress != want.BornAddress:
-		return fmt.Sprintf("BornAddress %q, want %q", got.BornAddress, want.BornAddress)
-	case got.Producer != want.Producer:
-		return fmt.Sprintf("Producer %q, want %q", got.Producer, want.Producer)
+	case got.BornUnixNano != want.BornUnixNano:
+		return fmt.Sprintf("BornTime %v, want %v", got.BornTime(), want.BornTime())
+	case got.BornAddress() != want.BornAddress():
+		return fmt.Sprintf("BornAddress %q, want %q", got.BornAddress(), want.BornAddress())
+	case got.Producer() != want.Producer():
+		return fmt.Sprintf("Producer %q, want %q", got.Producer(), want.Producer())
 	case got.Queue != want.Queue:
 		return fmt.Sprintf("Queue %d, want %d", got.Queue, want.Queue)
 	case got.Offset != want.Offset:
 		return fmt.Sprintf("Offset %d, want %d", got.Offset, want.Offset)
-	case !got.StoreTime.Equal(want.StoreTime):
-		return fmt.Sprintf("StoreTime %v, want %v", got.StoreTime, want.StoreTime)
+	case got.StoreUnixNano != want.StoreUnixNano:
+		return fmt.Sprintf("StoreTime %v, want %v", got.StoreTime(), want.StoreTime())
 	}
 	return ""
 }

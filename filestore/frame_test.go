@@ -31,7 +31,7 @@ func sampleFrame(base int64, n int) []byte {
 	now := time.Unix(1700000000, 123)
 	for i := range n {
 		m := &ferry.EnhancedMessage{Message: ferry.Message{Topic: "t", Key: "k", Headers: map[string]string{"h": "v"}, Body: []byte(fmt.Sprint("body ", i))},
-			Offset: base + int64(i), StoreTime: now}
+			Offset: base + int64(i), StoreUnixNano: now.UnixNano()}
 		enc = ferry.AppendEncode(enc, m)
 		sum += int64(m.Size())
 	}

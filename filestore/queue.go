@@ -180,11 +180,11 @@ func (q *queue) TryWrite(msgs []*ferry.EnhancedMessage) (int64, error) {
 }
 
 // maxCodecGrowth bounds how much the encoding of a message grows when the
-// queue sets its Offset and StoreTime (two varints of at most 10 bytes).
+// queue sets its Offset and StoreUnixNano (two varints of at most 10 bytes).
 const maxCodecGrowth = 20
 
 // maxCodecFixed bounds what the encoding of a message without headers
-// adds to its Size, its Topic, BornAddress and Producer: version, ID,
+// adds to its Size, its Topic and its Origin's two strings: version, ID,
 // queue, offset, two times, five string lengths and two counts, each
 // varint at most 10 bytes. A message that fits with it needs no exact
 // EncodedSize.
@@ -197,7 +197,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 			return 0, ferry.Errorf("ferry: write %s: message %d: %w: nil", q.id, i, ferry.ErrInvalidMessage)
 		}
 		ms, limit := m.Size(), q.cfg.maxFrameBytes-frameHeader
-		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornAddress)+len(m.Producer)+maxCodecFixed+maxCodecGrowth > limit {
+		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornAddress())+len(m.Producer())+maxCodecFixed+maxCodecGrowth > limit {
 			if n := ferry.EncodedSize(m) + maxCodecGrowth; n > limit {
 				return 0, ferry.Errorf("ferry: write %s: message %d: %w: %d bytes encoded, a frame holds %d", q.id, i, ferry.ErrMessageTooLarge, n, limit)
 			}

@@ -76,7 +76,7 @@ func TestWriteReadReopen(t *testing.T) {
 				require.Equal(t, int64(2*i), first)
 				assert.Equal(t, 1, batch[1].Queue)
 				assert.Equal(t, int64(2*i+1), batch[1].Offset)
-				assert.False(t, batch[1].StoreTime.IsZero())
+				assert.False(t, batch[1].StoreTime().IsZero())
 				want = append(want, batch...)
 			}
 			first, err := q.Write(ctx, nil)
@@ -122,7 +122,7 @@ func assertSame(t *testing.T, want, got *ferry.EnhancedMessage) {
 	assert.Equal(t, want.Key, got.Key)
 	assert.Equal(t, want.Headers, got.Headers)
 	assert.Equal(t, want.Body, got.Body)
-	assert.True(t, want.StoreTime.Equal(got.StoreTime))
+	assert.True(t, want.StoreTime().Equal(got.StoreTime()))
 	assert.Equal(t, want.Queue, got.Queue)
 }
 

@@ -243,7 +243,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 	for _, m := range msgs {
 		m.Queue = q.id.Queue
 		m.Offset = off
-		m.StoreTime = now
+		m.StoreUnixNano = nowNano
 		off++
 		q.enc = ferry.AppendEncode(q.enc, m)
 		q.ends = append(q.ends, len(q.enc))

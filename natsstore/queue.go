@@ -464,7 +464,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 	now := time.Now()
 	out := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
-		m.Queue, m.Offset, m.StoreTime = q.id.Queue, 0, now
+		m.Queue, m.Offset, m.StoreUnixNano = q.id.Queue, 0, now.UnixNano()
 		out[i] = &nats.Msg{Subject: q.subject, Header: nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}, Data: ferry.AppendEncode(nil, m)}
 	}
 	for {
@@ -472,12 +472,12 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 		last, dup, err := q.publish(tctx, out)
 		tcancel()
 		if err == nil && dup {
-			// Stored by an earlier Write: give back its StoreTime too.
+			// Stored by an earlier Write: give back its store time too.
 			gctx, gcancel := q.s.cfg.bound(ctx)
 			m, ok, gerr := q.leaderGet(gctx, uint64(last)+1)
 			gcancel()
 			if gerr == nil && ok {
-				msgs[0].StoreTime = m.StoreTime
+				msgs[0].StoreUnixNano = m.StoreUnixNano
 			}
 		}
 		if err == nil {
@@ -495,7 +495,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 				return 0, ferry.Errorf("ferry: natsstore: write %s: a retried batch was stored before, finding it: %w", q.id, ferr)
 			}
 			for i, m := range msgs {
-				m.Offset, m.StoreTime = first+int64(i), at
+				m.Offset, m.StoreUnixNano = first+int64(i), at
 			}
 			q.advance(first + int64(len(msgs)))
 			return first, nil
@@ -550,11 +550,11 @@ func (q *queue) publish(ctx context.Context, out []*nats.Msg) (last int64, dup b
 	return int64(ack.Sequence) - 1, false, nil
 }
 
-// locate finds the offset and StoreTime of the message with ID id: first
+// locate finds the offset and StoreUnixNano of the message with ID id: first
 // after offset hint (the stream's end before a Write's first try), then,
 // for a batch written again by a later Write, over the duplicate window
 // (the stream dropped it as a duplicate, so it is stored within it).
-func (q *queue) locate(ctx context.Context, hint int64, id ferry.MessageID) (int64, time.Time, error) {
+func (q *queue) locate(ctx context.Context, hint int64, id ferry.MessageID) (int64, int64, error) {
 	off, at, err := q.find(ctx, id, jetstreamext.GetBatchSeq(uint64(hint)+1))
 	if err == nil || !errors.Is(err, errNotFound) {
 		return off, at, err
@@ -564,12 +564,12 @@ func (q *queue) locate(ctx context.Context, hint int64, id ferry.MessageID) (int
 
 var errNotFound = errors.New("not found")
 
-func (q *queue) find(ctx context.Context, id ferry.MessageID, from jetstreamext.GetBatchOpt) (int64, time.Time, error) {
+func (q *queue) find(ctx context.Context, id ferry.MessageID, from jetstreamext.GetBatchOpt) (int64, int64, error) {
 	want := id.String()
 	for {
 		it, err := jetstreamext.GetBatch(ctx, q.s.js, q.stream, readBatch, from)
 		if err != nil {
-			return 0, time.Time{}, err
+			return 0, 0, err
 		}
 		got := 0
 		for raw, err := range it {
@@ -577,20 +577,20 @@ func (q *queue) find(ctx context.Context, id ferry.MessageID, from jetstreamext.
 				if errors.Is(err, jetstreamext.ErrNoMessages) {
 					break
 				}
-				return 0, time.Time{}, err
+				return 0, 0, err
 			}
 			got++
 			if raw.Header.Get(jetstream.MsgIDHeader) == want {
 				m, _, err := ferry.Decode(raw.Data)
 				if err != nil {
-					return 0, time.Time{}, err
+					return 0, 0, err
 				}
-				return int64(raw.Sequence) - 1, m.StoreTime, nil
+				return int64(raw.Sequence) - 1, m.StoreUnixNano, nil
 			}
 			from = jetstreamext.GetBatchSeq(raw.Sequence + 1)
 		}
 		if got == 0 {
-			return 0, time.Time{}, fmt.Errorf("message %s: %w", want, errNotFound)
+			return 0, 0, fmt.Errorf("message %s: %w", want, errNotFound)
 		}
 	}
 }

@@ -17,7 +17,7 @@ func newMsgs(topic string, n int) []*ferry.EnhancedMessage {
 	out := make([]*ferry.EnhancedMessage, n)
 	now := time.Now()
 	for i := range out {
-		out[i] = &ferry.EnhancedMessage{Message: ferry.Message{Topic: topic, Body: []byte(fmt.Sprint(i))}, ID: ferry.NewMessageID(now), BornTime: now}
+		out[i] = &ferry.EnhancedMessage{Message: ferry.Message{Topic: topic, Body: []byte(fmt.Sprint(i))}, ID: ferry.NewMessageID(now), BornUnixNano: now.UnixNano()}
 	}
 	return out
 }
@@ -46,22 +46,22 @@ func TestWriteRetried(t *testing.T) {
 			one := newMsgs("orders.eu", 1)
 			first, err := q.Write(ctx, one)
 			require.NoError(t, err)
-			stored := one[0].StoreTime
+			stored := one[0].StoreUnixNano
 			again, err := q.Write(ctx, one)
 			require.NoError(t, err)
 			require.Equal(t, first, again, "a retried single write")
-			require.True(t, stored.Equal(one[0].StoreTime), "StoreTime of a retried single write")
+			require.Equal(t, stored, one[0].StoreUnixNano, "StoreTime of a retried single write")
 
 			batch := newMsgs("orders.eu", 5)
 			first, err = q.Write(ctx, batch)
 			require.NoError(t, err)
 			_, err = q.Write(ctx, newMsgs("orders.eu", 3)) // others write meanwhile
 			require.NoError(t, err)
-			stored = batch[0].StoreTime
+			stored = batch[0].StoreUnixNano
 			again, err = q.Write(ctx, batch)
 			require.NoError(t, err)
 			require.Equal(t, first, again, "a retried batch")
-			require.True(t, stored.Equal(batch[4].StoreTime), "StoreTime of a retried batch")
+			require.Equal(t, stored, batch[4].StoreUnixNano, "StoreTime of a retried batch")
 			oldest, next := q.Offsets()
 			require.Equal(t, int64(0), oldest)
 			require.Equal(t, int64(2+1+5+3), next, "nothing stored twice")

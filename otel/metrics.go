@@ -185,7 +185,7 @@ func withError(attrs []attribute.KeyValue, err error) metric.MeasurementOption {
 // with the millisecond resolution BornTime has under load; see
 // [ferry.EnhancedMessage]); a failed send has error.type.
 func (m *Metrics) OnSent(ctx context.Context, em *ferry.EnhancedMessage, err error) {
-	took := time.Since(em.BornTime).Seconds()
+	took := time.Since(em.BornTime()).Seconds()
 	q := em.QueueID()
 	var o metric.MeasurementOption
 	if err != nil {

@@ -116,8 +116,8 @@ func (p *printer) print(m *ferry.EnhancedMessage) error {
 	if p.a.json {
 		j := msgJSON{Topic: m.Topic, Queue: m.Queue, Offset: m.Offset, Key: m.Key, Tag: m.Tag, Headers: m.Headers, Body: p.bodyJSON(m.Body)}
 		if !p.a.noTimes {
-			bt, st := m.BornTime.UTC(), m.StoreTime.UTC()
-			j.ID, j.BornTime, j.StoreTime, j.Producer, j.BornAddress = m.ID.String(), &bt, &st, m.Producer, m.BornAddress
+			bt, st := m.BornTime().UTC(), m.StoreTime().UTC()
+			j.ID, j.BornTime, j.StoreTime, j.Producer, j.BornAddress = m.ID.String(), &bt, &st, m.Producer(), m.BornAddress()
 		}
 		b, err := json.Marshal(j)
 		if err != nil {
@@ -142,7 +142,7 @@ func (p *printer) print(m *ferry.EnhancedMessage) error {
 		fmt.Fprintf(&sb, " {%s}", strings.Join(hs, " "))
 	}
 	if !p.a.noTimes {
-		fmt.Fprintf(&sb, " id=%s stored=%s (%s)", m.ID, m.StoreTime.UTC().Format(time.RFC3339Nano), ago(p.now, m.StoreTime))
+		fmt.Fprintf(&sb, " id=%s stored=%s (%s)", m.ID, m.StoreTime().UTC().Format(time.RFC3339Nano), ago(p.now, m.StoreTime()))
 	}
 	_, err := fmt.Fprintf(p.w, "%s\n%s\n", sb.String(), p.bodyText(m.Body))
 	return err

@@ -93,7 +93,7 @@ func firstAtOrAfter(ctx context.Context, q ferry.ReadableQueue, t time.Time, old
 			return 0, err
 		}
 		for _, m := range dst[:n] {
-			if !m.StoreTime.Before(t) {
+			if !m.StoreTime().Before(t) {
 				return m.Offset, nil
 			}
 			off = m.Offset + 1
