@@ -142,6 +142,8 @@ func (id MessageID) IsZero() bool { return id == MessageID{} }
 var (
 	processTag  [4]byte
 	bornAddress string
+	// processTag16 is processTag as two big-endian halves, for messageID.
+	processTag16 [2]uint16
 )
 
 // idCounter counts the IDs made in the process. It has a cache line of its
@@ -161,6 +163,7 @@ func init() {
 	_ = binary.Write(h, binary.BigEndian, int32(os.Getpid()))
 	_, _ = h.Write(seed[:4])
 	binary.BigEndian.PutUint32(processTag[:], h.Sum32())
+	processTag16 = [2]uint16{binary.BigEndian.Uint16(processTag[:2]), binary.BigEndian.Uint16(processTag[2:])}
 	idCounter.Store(binary.BigEndian.Uint64(seed[:]) >> 16)
 	bornAddress = localAddress(host)
 }
@@ -192,20 +195,8 @@ func reserveIDs(n int) uint64 { return idCounter.Add(uint64(n)) - uint64(n) + 1 
 // messageID returns the ID stamped with now and counter value c.
 func messageID(now time.Time, c uint64) MessageID {
 	var id MessageID
-	ms := uint64(now.UnixMilli())
-	id[0] = byte(ms >> 40)
-	id[1] = byte(ms >> 32)
-	id[2] = byte(ms >> 24)
-	id[3] = byte(ms >> 16)
-	id[4] = byte(ms >> 8)
-	id[5] = byte(ms)
-	copy(id[6:10], processTag[:])
-	id[10] = byte(c >> 40)
-	id[11] = byte(c >> 32)
-	id[12] = byte(c >> 24)
-	id[13] = byte(c >> 16)
-	id[14] = byte(c >> 8)
-	id[15] = byte(c)
+	binary.BigEndian.PutUint64(id[:8], uint64(now.UnixMilli())<<16|uint64(processTag16[0]))
+	binary.BigEndian.PutUint64(id[8:], uint64(processTag16[1])<<48|c&(1<<48-1))
 	return id
 }
 

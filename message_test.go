@@ -1,6 +1,8 @@
 package ferry_test
 
 import (
+	"bytes"
+	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -86,6 +88,63 @@ func TestMessageIDUniqueAndSortable(t *testing.T) {
 	assert.ErrorIs(t, back.UnmarshalText([]byte(strings.Repeat("z", 32))), ferry.ErrInvalidMessage)
 	assert.True(t, ferry.MessageID{}.IsZero())
 	assert.NotEmpty(t, ferry.BornAddress())
+}
+
+// Sends take their IDs from counter ranges their producer's envelope
+// slabs reserve: across producers and concurrent Sends of each they stay
+// unique, keep the process's tag in bytes 6-9, and grow along each
+// goroutine's sends.
+func TestSendIDsUniqueAcrossProducers(t *testing.T) {
+	ctx := context.Background()
+	b, err := ferry.NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "t", Queues: 4,
+		Retention: ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited}}))
+	const producers, senders, each = 3, 3, 500 // each well over one slab
+	ids := make([][]ferry.MessageID, producers*senders)
+	var wg sync.WaitGroup
+	for i := range producers {
+		p, err := b.NewProducer()
+		require.NoError(t, err)
+		for j := range senders {
+			k := i*senders + j
+			wg.Go(func() {
+				for range each {
+					res, err := p.Send(ctx, &ferry.Message{Topic: "t"})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					ids[k] = append(ids[k], res.ID)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	tag := ferry.NewMessageID(time.Now())
+	seen := make(map[ferry.MessageID]bool)
+	for _, run := range ids {
+		require.Len(t, run, each)
+		for n, id := range run {
+			require.False(t, seen[id], "duplicate id %s", id)
+			seen[id] = true
+			require.Equal(t, tag[6:10], id[6:10], "process tag of %s", id)
+			if n > 0 {
+				require.Negative(t, bytes.Compare(run[n-1][:], id[:]), "%s after %s", id, run[n-1])
+			}
+		}
+	}
+}
+
+func TestMessageIDLayout(t *testing.T) {
+	at := time.UnixMilli(0x0102_0304_0506)
+	id := ferry.NewMessageID(at)
+	assert.Equal(t, []byte{1, 2, 3, 4, 5, 6}, id[:6], "Unix milliseconds, big endian")
+	assert.Equal(t, at, id.Time())
+	next := ferry.NewMessageID(at)
+	assert.Equal(t, id[:10], next[:10])
+	assert.Less(t, id.String(), next.String(), "the counter, big endian, in bytes 10-15")
 }
 
 func TestMessageSize(t *testing.T) {

@@ -44,27 +44,33 @@ type Producer struct {
 // kept (by a backlog, a handler holding it) keeps its slab, the envelopes
 // of up to slabSize-1 other messages the producer sent about then: at
 // most 8 KB per kept message, and nothing more once the others are gone
-// too.
+// too. A slab also holds the ID counter values of its envelopes, reserved
+// at once: a Send takes its envelope and its ID with one atomic add on
+// the producer's slab, not a second one on the counter every producer of
+// the process shares.
 type envSlab struct {
 	next atomic.Int32
+	ids  uint64 // the ID counter value of ms[0]; ms[i] has ids+i
 	ms   [slabSize]EnhancedMessage
 }
 
 // slabSize fills the runtime's 8 KB size class: 51 envelopes, with the
-// counter and the 8-byte header the runtime puts on objects that hold
+// counters and the 8-byte header the runtime puts on objects that hold
 // pointers.
-const slabSize = int32((8192 - 16) / unsafe.Sizeof(EnhancedMessage{}))
+const slabSize = int32((8192 - 24) / unsafe.Sizeof(EnhancedMessage{}))
 
-// envelope returns a zeroed envelope from the producer's slab.
-func (p *Producer) envelope() *EnhancedMessage {
+// envelope returns a zeroed envelope from the producer's slab and the ID
+// counter value reserved for it.
+func (p *Producer) envelope() (*EnhancedMessage, uint64) {
 	for {
 		s := p.slab.Load()
 		if s != nil {
 			if i := s.next.Add(1) - 1; i < slabSize {
-				return &s.ms[i]
+				return &s.ms[i], s.ids + uint64(i)
 			}
 		}
-		p.slab.CompareAndSwap(s, new(envSlab)) // a racing Send may have put one: use it
+		fresh := &envSlab{ids: reserveIDs(int(slabSize))}
+		p.slab.CompareAndSwap(s, fresh) // a racing Send may have put one: use it
 	}
 }
 
@@ -169,9 +175,9 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 	if err := ctx.Err(); err != nil {
 		return SendResult{}, err
 	}
-	em := p.envelope()
+	em, c := p.envelope()
 	now := p.b.clock.now()
-	t, i, err := p.prepare(ctx, m, em, now, reserveIDs(1))
+	t, i, err := p.prepare(ctx, m, em, now, c)
 	if err != nil {
 		return SendResult{}, err
 	}
