@@ -17,7 +17,7 @@ func BenchmarkConsume(b *testing.B) {
 		ret   ferry.Retention
 	}{
 		{"Send", 1, ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited}},
-		{"SendBlock", 1, ferry.Retention{MaxMessages: 1024, Overflow: ferry.Block}}, // ferrybench W1's bounded case
+		{"SendBlock", 1, ferry.Retention{MaxMessages: 1 << 16, Overflow: ferry.Block}}, // ferrybench W1's bounded case
 		{"SendBatch64", 64, ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited}},
 		{"SendBatch64Block", 64, ferry.Retention{MaxMessages: 1 << 14, Overflow: ferry.Block}},
 	} {
