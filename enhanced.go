@@ -93,14 +93,6 @@ func unixTime(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
-// unixNano is t.UnixNano(), or 0 for the zero time.
-func unixNano(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
 // MessageID identifies a message: 6 bytes of Unix milliseconds (big endian,
 // so IDs sort roughly by time), 4 bytes naming the process (a hash of host
 // name, pid and random bits: RocketMQ's address+pid idea) and 6 bytes of a
@@ -140,10 +132,9 @@ func (id MessageID) Time() time.Time {
 func (id MessageID) IsZero() bool { return id == MessageID{} }
 
 var (
-	processTag  [4]byte
+	// processTag names the process in IDs (bytes 6-9), as two halves.
+	processTag  [2]uint16
 	bornAddress string
-	// processTag16 is processTag as two big-endian halves, for messageID.
-	processTag16 [2]uint16
 )
 
 // idCounter counts the IDs made in the process. It has a cache line of its
@@ -162,8 +153,8 @@ func init() {
 	_, _ = h.Write([]byte(host))
 	_ = binary.Write(h, binary.BigEndian, int32(os.Getpid()))
 	_, _ = h.Write(seed[:4])
-	binary.BigEndian.PutUint32(processTag[:], h.Sum32())
-	processTag16 = [2]uint16{binary.BigEndian.Uint16(processTag[:2]), binary.BigEndian.Uint16(processTag[2:])}
+	tag := h.Sum32()
+	processTag = [2]uint16{uint16(tag >> 16), uint16(tag)}
 	idCounter.Store(binary.BigEndian.Uint64(seed[:]) >> 16)
 	bornAddress = localAddress(host)
 }
@@ -195,8 +186,8 @@ func reserveIDs(n int) uint64 { return idCounter.Add(uint64(n)) - uint64(n) + 1 
 // messageID returns the ID stamped with now and counter value c.
 func messageID(now time.Time, c uint64) MessageID {
 	var id MessageID
-	binary.BigEndian.PutUint64(id[:8], uint64(now.UnixMilli())<<16|uint64(processTag16[0]))
-	binary.BigEndian.PutUint64(id[8:], uint64(processTag16[1])<<48|c&(1<<48-1))
+	binary.BigEndian.PutUint64(id[:8], uint64(now.UnixMilli())<<16|uint64(processTag[0]))
+	binary.BigEndian.PutUint64(id[8:], uint64(processTag[1])<<48|c&(1<<48-1))
 	return id
 }
 
