@@ -128,6 +128,9 @@ func run() error {
 	if *memprofile != "" && *point == "" {
 		return errors.New("-memprofile needs -point")
 	}
+	if *liveHeap < 0 {
+		return errors.New("-live-heap must not be negative")
+	}
 
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -150,9 +153,6 @@ func run() error {
 		progress = nil
 	}
 	var failed []string
-	if *liveHeap < 0 {
-		return errors.New("-live-heap must not be negative")
-	}
 	if runBase {
 		heap := make([]byte, *liveHeap<<20) // never touched: no RSS, but the GC counts it
 		rep, err := bench.Run(ctx, s, opts, progress)
