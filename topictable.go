@@ -51,15 +51,21 @@ func (tt *topicTable) lookup(name string) (*topicState, bool) {
 	if s == nil {
 		return nil, false
 	}
-	h := maphash.String(tt.seed, name)
+	_, t := s.find(maphash.String(tt.seed, name), name)
+	return t, t != nil
+}
+
+// find returns the slot holding the topic name, of hash h, and the state
+// it held when read; nil, nil if s holds no such topic.
+func (s *topicSlots) find(h uint64, name string) (*topicSlot, *topicState) {
 	for i := h & s.mask; ; i = (i + 1) & s.mask {
 		sl := &s.slots[i]
 		t := sl.t.Load()
 		if t == nil {
-			return nil, false
+			return nil, nil
 		}
 		if t != removedTopic && sl.h == h && t.meta.Name == name {
-			return t, true
+			return sl, t
 		}
 	}
 }
@@ -71,16 +77,9 @@ func (tt *topicTable) store(t *topicState) {
 	h := maphash.String(tt.seed, name)
 	s := tt.cur.Load()
 	if s != nil {
-		for i := h & s.mask; ; i = (i + 1) & s.mask {
-			sl := &s.slots[i]
-			old := sl.t.Load()
-			if old == nil {
-				break
-			}
-			if old != removedTopic && sl.h == h && old.meta.Name == name {
-				sl.t.Store(t)
-				return
-			}
+		if sl, _ := s.find(h, name); sl != nil {
+			sl.t.Store(t)
+			return
 		}
 	}
 	if s == nil || 2*(tt.live+tt.dead+1) > len(s.slots) {
@@ -128,19 +127,10 @@ func (tt *topicTable) remove(name string) {
 	if s == nil {
 		return
 	}
-	h := maphash.String(tt.seed, name)
-	for i := h & s.mask; ; i = (i + 1) & s.mask {
-		sl := &s.slots[i]
-		t := sl.t.Load()
-		if t == nil {
-			return
-		}
-		if t != removedTopic && sl.h == h && t.meta.Name == name {
-			sl.t.Store(removedTopic)
-			tt.live--
-			tt.dead++
-			return
-		}
+	if sl, _ := s.find(maphash.String(tt.seed, name), name); sl != nil {
+		sl.t.Store(removedTopic)
+		tt.live--
+		tt.dead++
 	}
 }
 
