@@ -136,7 +136,7 @@ func RunNATS(ctx context.Context, s NATSSizes, progress io.Writer) (*NATSReport,
 		for _, replicas := range []int{1, 3} {
 			rig, err := startRig(ctx, replicas)
 			if err != nil {
-				return nil, fmt.Errorf("R%d servers: %w", replicas, err)
+				return nil, fmt.Errorf("servers with %d replicas: %w", replicas, err)
 			}
 			for _, c := range rep.Cases {
 				if c.Replicas != replicas {
@@ -147,7 +147,7 @@ func RunNATS(ctx context.Context, s NATSSizes, progress io.Writer) (*NATSReport,
 				smp, err := rig.measure(cctx, c, s, fmt.Sprintf("b%d", seq))
 				cancel()
 				if err != nil {
-					return nil, errors.Join(fmt.Errorf("R%d %s %s: %w", c.Replicas, c.Workload, c.System, err), rig.close())
+					return nil, errors.Join(fmt.Errorf("%s on %s with %d replicas: %w", c.Workload, c.System, c.Replicas, err), rig.close())
 				}
 				rep.Samples[c] = append(rep.Samples[c], smp)
 				fmt.Fprintf(progress, "run %d/%d  R%d %-8s %-18s %9.0f msgs/s %9.1f µs/msg", run+1, s.Runs, c.Replicas, c.Workload, c.System, smp.Rate(), smp.NsPerMsg()/1e3)
