@@ -2,7 +2,6 @@ package ferry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -47,18 +46,18 @@ type GroupLag struct {
 func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
 	t, cg, err := b.adminTopic(topic)
 	if err != nil {
-		return nil, errorf("ferry: groups: %w", err)
+		return nil, &Error{Op: "groups", Err: err}
 	}
 	cs, err := cg.Cursors(ctx, topic, len(t.queues))
 	if err != nil {
-		return nil, errorf("ferry: groups: %w", err)
+		return nil, &Error{Op: "groups", Err: err}
 	}
 	names := slices.Sorted(mapKeysOf(cs.Groups))
 	out := make([]GroupLag, 0, len(names))
 	for _, g := range names {
 		gl, err := b.groupLag(ctx, t, g, cs.Groups[g].Offsets)
 		if err != nil {
-			return nil, errorf("ferry: groups: %w", err)
+			return nil, &Error{Op: "groups", Err: err}
 		}
 		out = append(out, gl)
 	}
@@ -72,18 +71,18 @@ func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
 func (b *Broker) Lag(ctx context.Context, topic, group string) (GroupLag, error) {
 	t, _, err := b.adminTopic(topic)
 	if err != nil {
-		return GroupLag{}, errorf("ferry: lag: %w", err)
+		return GroupLag{}, &Error{Op: "lag", Err: err}
 	}
 	offs, err := b.cursors.Load(ctx, topic, group, len(t.queues))
 	if err != nil {
-		return GroupLag{}, errorf("ferry: lag: %w", err)
+		return GroupLag{}, &Error{Op: "lag", Err: err}
 	}
 	gl, err := b.groupLag(ctx, t, group, offs)
 	if err != nil {
-		return GroupLag{}, errorf("ferry: lag: %w", err)
+		return GroupLag{}, &Error{Op: "lag", Err: err}
 	}
 	if len(gl.Members) == 0 && !slices.ContainsFunc(offs, func(o int64) bool { return o >= 0 }) {
-		return GroupLag{}, errorf("ferry: lag: %w: %q on topic %q", ErrGroupNotFound, group, topic)
+		return GroupLag{}, &Error{Op: "lag", Err: fmt.Errorf("%w: %q on topic %q", ErrGroupNotFound, group, topic)}
 	}
 	return gl, nil
 }
@@ -175,7 +174,7 @@ func ResetToTime(t time.Time) ResetTo { return ResetTo{kind: resetTime, at: t} }
 func (b *Broker) ResetGroup(ctx context.Context, group, topic string, to ResetTo) ([]int64, error) {
 	offs, err := b.resetGroup(ctx, group, topic, to)
 	if err != nil {
-		return nil, errorf("ferry: reset group %q on %q: %w", group, topic, err)
+		return nil, &Error{Op: fmt.Sprintf("reset group %q on %q", group, topic), Err: err}
 	}
 	return offs, nil
 }
@@ -327,7 +326,7 @@ func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
 		select {
 		case err := <-done:
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", r.id, err))
+				errs = append(errs, &Error{Op: r.id.String(), Err: err})
 			}
 		case <-r.done:
 			errs = append(errs, fmt.Errorf("%s: released: %w", r.id, ErrClosed))
@@ -335,7 +334,7 @@ func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
 			return ctx.Err() // the seeks go on
 		}
 	}
-	return errors.Join(errs...)
+	return joinErrors(errs...)
 }
 
 // DeleteTopic deletes a topic: its queues, their messages, the storage's
@@ -351,7 +350,7 @@ func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
 // [ErrClosed] from its queues.
 func (b *Broker) DeleteTopic(ctx context.Context, name string, force bool) error {
 	if err := b.deleteTopic(ctx, name, force); err != nil {
-		return errorf("ferry: delete topic %q: %w", name, err)
+		return &Error{Op: fmt.Sprintf("delete topic %q", name), Err: err}
 	}
 	return nil
 }
@@ -395,7 +394,7 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 	t.stale.Store(true)
 	b.mu.Unlock()
 	if err := td.DeleteTopic(ctx, name); err != nil {
-		return errors.Join(append(errs, err)...)
+		return joinErrors(append(errs, err)...)
 	}
 	if cg, ok := b.cursors.(CursorGroups); ok {
 		for _, g := range groups {
@@ -406,7 +405,7 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 	}
 	b.groups.invalidate(name)
 	b.log.Info("ferry: topic deleted", "topic", name, "groups", groups)
-	return errors.Join(errs...)
+	return joinErrors(errs...)
 }
 
 // AddQueues grows topic to queues queues: the existing queues and their
@@ -420,7 +419,7 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 // the new count when they open the topic again.
 func (b *Broker) AddQueues(ctx context.Context, topic string, queues int) error {
 	if err := b.addQueues(ctx, topic, queues); err != nil {
-		return errorf("ferry: add queues to %q: %w", topic, err)
+		return &Error{Op: fmt.Sprintf("add queues to %q", topic), Err: err}
 	}
 	return nil
 }

@@ -148,7 +148,7 @@ type Buffer struct {
 func NewBuffer(cfg BufferConfig) (*Buffer, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
-		return nil, errorf("ferry: new buffer: %w", err)
+		return nil, &Error{Op: "new buffer", Err: err}
 	}
 	return newBuffer(cfg), nil
 }
@@ -216,7 +216,7 @@ func (b *Buffer) put(ctx context.Context, msgs []*EnhancedMessage, wait bool) (i
 	for {
 		if b.closed {
 			b.mu.Unlock()
-			return 0, false, errorf("ferry: buffer put: %w", ErrClosed)
+			return 0, false, &Error{Op: "buffer put", Err: ErrClosed}
 		}
 		if err := b.checkLocked(0, msgs[0]); err != nil {
 			b.mu.Unlock()
@@ -238,7 +238,7 @@ func (b *Buffer) put(ctx context.Context, msgs []*EnhancedMessage, wait bool) (i
 		select {
 		case <-room:
 		case <-ctx.Done():
-			return 0, false, errorf("ferry: buffer put: %w", ctx.Err())
+			return 0, false, &Error{Op: "buffer put", Err: ctx.Err()}
 		}
 		b.mu.Lock()
 	}
@@ -273,10 +273,10 @@ func (b *Buffer) put(ctx context.Context, msgs []*EnhancedMessage, wait bool) (i
 // checkLocked checks msgs[i], m, for Put. b.mu held.
 func (b *Buffer) checkLocked(i int, m *EnhancedMessage) error {
 	if m == nil {
-		return errorf("ferry: buffer put: message %d: %w: nil", i, ErrInvalidMessage)
+		return &Error{Op: fmt.Sprintf("buffer put: message %d", i), Err: fmt.Errorf("%w: nil", ErrInvalidMessage)}
 	}
 	if m.Offset < b.next {
-		return errorf("ferry: buffer put: %w: offset %d after %d", ErrOffsetOutOfRange, m.Offset, b.next-1)
+		return &Error{Op: "buffer put", Err: fmt.Errorf("%w: offset %d after %d", ErrOffsetOutOfRange, m.Offset, b.next-1)}
 	}
 	return nil
 }

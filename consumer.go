@@ -3,6 +3,7 @@ package ferry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,19 +76,19 @@ func (c *Consumer) deliverer() *deliverer { return c.d.Load() }
 func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOption) (*Consumer, error) {
 	cfg, err := newConsumerConfig(group, topic, opts)
 	if err != nil {
-		return nil, errorf("ferry: new consumer: %w", err)
+		return nil, &Error{Op: "new consumer", Err: err}
 	}
 	switch {
 	case h == nil:
-		return nil, errorf("ferry: new consumer: %w: nil handler", ErrInvalidOption)
+		return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: nil handler", ErrInvalidOption)}
 	case len(cfg.pullOnly) > 0:
-		return nil, errorf("ferry: new consumer: %w: %s is for pull consumers", ErrInvalidOption, strings.Join(cfg.pullOnly, ", "))
+		return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: %s is for pull consumers", ErrInvalidOption, strings.Join(cfg.pullOnly, ", "))}
 	}
 	if err := ValidateTopicName(cfg.deadLetter); err != nil {
-		return nil, errorf("ferry: new consumer: %w: dead-letter topic: %w (set WithDeadLetter)", ErrInvalidOption, err)
+		return nil, &Error{Op: "new consumer: dead-letter topic (set WithDeadLetter)", Err: fmt.Errorf("%w: %w", ErrInvalidOption, err)}
 	}
 	if b.closed.Load() {
-		return nil, errorf("ferry: new consumer: %w", ErrClosed)
+		return nil, &Error{Op: "new consumer", Err: ErrClosed}
 	}
 	cfg.retryTopic = RetryTopic(group, topic)
 	c := &Consumer{m: newGroupMember(b, group, topic, cfg), h: h}
@@ -106,7 +107,7 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 // [WithOnError]) and does not wait for the locks.
 func (c *Consumer) Start(ctx context.Context) error {
 	if err := c.createDeadLetter(ctx); err != nil {
-		return errorf("ferry: start consumer: dead-letter topic %q: %w", c.m.cfg.deadLetter, err)
+		return &Error{Op: fmt.Sprintf("start consumer: dead-letter topic %q", c.m.cfg.deadLetter), Err: err}
 	}
 	err := c.m.start(ctx, func() {
 		d := newDeliverer(c.m, c.h)
@@ -123,7 +124,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		c.m.sched.max = c.m.cfg.concurrency
 	})
 	if err != nil {
-		return errorf("ferry: start consumer: %w", err)
+		return &Error{Op: "start consumer", Err: err}
 	}
 	if c.m.cfg.retryOf == "" && c.m.offQueue() {
 		if err := c.ensureRetry(ctx, false); err != nil {
@@ -164,7 +165,7 @@ func (c *Consumer) Close() error {
 	rc := c.retry
 	c.retryMu.Unlock()
 	if rc != nil {
-		err = errors.Join(err, rc.Close())
+		err = joinErrors(err, rc.Close())
 	}
 	return err
 }
@@ -181,7 +182,7 @@ func (c *Consumer) Assigned() []QueueID { return c.m.assigned() }
 // [ErrInvalidOption] and nothing changes.
 func (c *Consumer) Pause(queues ...QueueID) error {
 	if err := c.m.pause(true, queues); err != nil {
-		return errorf("ferry: pause: %w", err)
+		return &Error{Op: "pause", Err: err}
 	}
 	c.pauseRetries(true, queues)
 	return nil
@@ -207,7 +208,7 @@ func (c *Consumer) pauseRetries(p bool, queues []QueueID) {
 // when none is given.
 func (c *Consumer) Resume(queues ...QueueID) error {
 	if err := c.m.pause(false, queues); err != nil {
-		return errorf("ferry: resume: %w", err)
+		return &Error{Op: "resume", Err: err}
 	}
 	c.pauseRetries(false, queues)
 	return nil
@@ -229,7 +230,7 @@ func (c *Consumer) Paused() []QueueID { return c.m.pausedQueues() }
 // owner starts from the cursor as it was.
 func (c *Consumer) Seek(ctx context.Context, to ResetTo) error {
 	if err := c.m.seek(ctx, to); err != nil {
-		return errorf("ferry: seek: %w", err)
+		return &Error{Op: "seek", Err: err}
 	}
 	return nil
 }

@@ -140,18 +140,18 @@ func validateJoin(g GroupKey, member string) error {
 // Join implements [Coordinator].
 func (c *MemoryCoordinator) Join(ctx context.Context, g GroupKey, member string) (Session, error) {
 	if err := validateJoin(g, member); err != nil {
-		return nil, errorf("ferry: join %s: %w", g, err)
+		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, errorf("ferry: join %s: %w", g, err)
+		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: err}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, errorf("ferry: join %s: %w", g, ErrClosed)
+		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: ErrClosed}
 	}
 	if slices.ContainsFunc(c.groups[g], func(s *memSession) bool { return s.member == member }) {
-		return nil, errorf("ferry: join: %w: member %q already in group %q of topic %q", ErrInvalidOption, member, g.Scope, g.Topic)
+		return nil, &Error{Op: "join", Err: fmt.Errorf("%w: member %q already in group %q of topic %q", ErrInvalidOption, member, g.Scope, g.Topic)}
 	}
 	s := &memSession{c: c, g: g, member: member, changed: make(chan struct{}, 1), done: make(chan struct{})}
 	c.groups[g] = append(c.groups[g], s)
@@ -197,12 +197,12 @@ func mapKeysOf[V any](m map[string]V) func(func(string) bool) {
 // Members implements [Coordinator].
 func (c *MemoryCoordinator) Members(ctx context.Context, g GroupKey) ([]string, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, errorf("ferry: members of %s: %w", g, err)
+		return nil, &Error{Op: fmt.Sprintf("members of %s", g), Err: err}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, errorf("ferry: members of %s: %w", g, ErrClosed)
+		return nil, &Error{Op: fmt.Sprintf("members of %s", g), Err: ErrClosed}
 	}
 	return c.membersLocked(g), nil
 }
@@ -260,14 +260,14 @@ func (s *memSession) Members() []string {
 
 func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
 	if queue < 0 || queue >= MaxQueues {
-		return nil, errorf("ferry: lock %s queue %d: %w: out of range", s.g, queue, ErrInvalidOption)
+		return nil, &Error{Op: fmt.Sprintf("lock %s queue %d", s.g, queue), Err: fmt.Errorf("%w: out of range", ErrInvalidOption)}
 	}
 	k := lockKey{s.g, queue}
 	for {
 		s.c.mu.Lock()
 		if s.ended {
 			s.c.mu.Unlock()
-			return nil, errorf("ferry: lock %s queue %d: %w", s.g, queue, ErrSessionExpired)
+			return nil, &Error{Op: fmt.Sprintf("lock %s queue %d", s.g, queue), Err: ErrSessionExpired}
 		}
 		l := s.c.locks[k]
 		if l == nil {
@@ -281,7 +281,7 @@ func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
 		case <-freed:
 		case <-s.done:
 		case <-ctx.Done():
-			return nil, errorf("ferry: lock %s queue %d: %w", s.g, queue, ctx.Err())
+			return nil, &Error{Op: fmt.Sprintf("lock %s queue %d", s.g, queue), Err: ctx.Err()}
 		}
 	}
 }

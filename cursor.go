@@ -138,15 +138,15 @@ func ValidateCursorArgs(topic, group string, queue int) error {
 // Load implements [CursorStore].
 func (s *MemoryCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
 	if err := ValidateCursorArgs(topic, group, queues); err != nil {
-		return nil, errorf("ferry: load cursor: %w", err)
+		return nil, &Error{Op: "load cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, errorf("ferry: load cursor: %w", err)
+		return nil, &Error{Op: "load cursor", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errorf("ferry: load cursor: %w", ErrClosed)
+		return nil, &Error{Op: "load cursor", Err: ErrClosed}
 	}
 	var offs []int64
 	if c := s.offsets[topic][group]; c != nil {
@@ -178,18 +178,18 @@ func (s *MemoryCursorStore) CommitFenced(ctx context.Context, topic, group strin
 
 func (s *MemoryCursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
 	if err := ValidateCursorArgs(topic, group, queue); err != nil {
-		return errorf("ferry: commit cursor: %w", err)
+		return &Error{Op: "commit cursor", Err: err}
 	}
 	if offset < 0 {
-		return errorf("ferry: commit cursor: %w: offset %d", ErrOffsetOutOfRange, offset)
+		return &Error{Op: "commit cursor", Err: fmt.Errorf("%w: offset %d", ErrOffsetOutOfRange, offset)}
 	}
 	if err := ctx.Err(); err != nil {
-		return errorf("ferry: commit cursor: %w", err)
+		return &Error{Op: "commit cursor", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errorf("ferry: commit cursor: %w", ErrClosed)
+		return &Error{Op: "commit cursor", Err: ErrClosed}
 	}
 	return s.commitLocked(s.cursorLocked(topic, group), topic, group, queue, offset, token, fenced)
 }
@@ -217,7 +217,7 @@ func (s *MemoryCursorStore) commitLocked(c *memCursor, topic, group string, queu
 	}
 	if fenced {
 		if last := c.tokens[queue]; token < last {
-			return errorf("ferry: commit cursor %s/%s[%d]: %w: token %d, last %d", topic, group, queue, ErrFenced, token, last)
+			return &Error{Op: fmt.Sprintf("commit cursor %s/%s[%d]", topic, group, queue), Err: fmt.Errorf("%w: token %d, last %d", ErrFenced, token, last)}
 		}
 		c.tokens[queue] = token
 	}
@@ -237,12 +237,12 @@ func (s *MemoryCursorStore) slot(topic, group string, queue int) *cursorSlot {
 func (sl *cursorSlot) commit(offset int64, token uint64) error {
 	s := sl.s
 	if offset < 0 {
-		return errorf("ferry: commit cursor: %w: offset %d", ErrOffsetOutOfRange, offset)
+		return &Error{Op: "commit cursor", Err: fmt.Errorf("%w: offset %d", ErrOffsetOutOfRange, offset)}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errorf("ferry: commit cursor: %w", ErrClosed)
+		return &Error{Op: "commit cursor", Err: ErrClosed}
 	}
 	c := sl.c
 	if c.gone {
@@ -255,15 +255,15 @@ func (sl *cursorSlot) commit(offset int64, token uint64) error {
 // Cursors implements [CursorGroups].
 func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues int) (Cursors, error) {
 	if err := ValidateCursorsArgs(topic, queues); err != nil {
-		return Cursors{}, errorf("ferry: list cursors: %w", err)
+		return Cursors{}, &Error{Op: "list cursors", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return Cursors{}, errorf("ferry: list cursors: %w", err)
+		return Cursors{}, &Error{Op: "list cursors", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return Cursors{}, errorf("ferry: list cursors: %w", ErrClosed)
+		return Cursors{}, &Error{Op: "list cursors", Err: ErrClosed}
 	}
 	out := Cursors{Topic: topic, Groups: make(map[string]Cursor, len(s.offsets[topic]))}
 	for group, c := range s.offsets[topic] {
@@ -275,15 +275,15 @@ func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues in
 // Forget implements [CursorGroups].
 func (s *MemoryCursorStore) Forget(ctx context.Context, topic, group string) error {
 	if err := ValidateCursorArgs(topic, group, 0); err != nil {
-		return errorf("ferry: forget cursor: %w", err)
+		return &Error{Op: "forget cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return errorf("ferry: forget cursor: %w", err)
+		return &Error{Op: "forget cursor", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errorf("ferry: forget cursor: %w", ErrClosed)
+		return &Error{Op: "forget cursor", Err: ErrClosed}
 	}
 	if c := s.offsets[topic][group]; c != nil {
 		c.gone = true

@@ -72,7 +72,9 @@ func (c *deliveryCtx) Value(key any) any {
 }
 
 // Permanent marks err as not worth retrying: the message goes to the
-// dead-letter topic at once. Permanent(nil) is nil.
+// dead-letter topic at once. The mark changes nothing of err's text
+// ([HeaderError] holds it as the handler wrote it); [IsPermanent] finds
+// it. Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -82,7 +84,7 @@ func Permanent(err error) error {
 
 type permanentError struct{ err error }
 
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Headers the consumer sets on a message it sends to the dead-letter
@@ -524,7 +526,7 @@ func (d *deliverer) callHooked(hs *hookSet, dctx *deliveryCtx, msg *EnhancedMess
 func (d *deliverer) safeHandle(dctx *deliveryCtx, ctx context.Context, msg *EnhancedMessage) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = errorf("ferry: handler panic: %v", p)
+			err = &Error{Op: "handler panic", Err: fmt.Errorf("%v", p)}
 			d.m.b.log.Error("ferry: handler panic", "group", d.m.group, "queue", msg.QueueID().String(),
 				"offset", msg.Offset, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		}
@@ -596,7 +598,7 @@ func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, 
 		res, err = p.Send(r.hctx, &Message{Topic: m.cfg.deadLetter, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body})
 	}
 	if err != nil {
-		m.report(errorf("ferry: dead letter %s offset %d to %q: %w (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, m.cfg.deadLetter, err))
+		m.report(&Error{Op: fmt.Sprintf("dead letter %s offset %d to %q (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, m.cfg.deadLetter), Err: err})
 		return false
 	}
 	d.deadLettered.Add(1)

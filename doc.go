@@ -110,5 +110,9 @@
 //
 // Errors wrap the sentinels of errors.go ([ErrClosed], [ErrTopicNotFound],
 // [ErrInvalidTopic], [ErrInvalidMessage], [ErrMessageTooLarge], ...); match
-// them with errors.Is. Bad input never panics and never writes anything.
+// them with errors.Is. Each is an [*Error] naming the operation (Op), found
+// with errors.As; its text reads with one "ferry:" however deep the chain
+// ("ferry: send: write orders[1]: closed"), and an error of the caller's
+// (a handler's, a router's) comes out as it went in. Bad input never
+// panics and never writes anything.
 package ferry

@@ -2,7 +2,6 @@ package ferry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -210,7 +209,7 @@ func (m *groupMember) leave(sess Session) {
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
 	if err := sess.Leave(ctx); err != nil {
-		err = errorf("ferry: leave group %s: %w", m.key, err)
+		err = &Error{Op: fmt.Sprintf("leave group %s", m.key), Err: err}
 		m.report(err)
 		m.closeFailed(err)
 	}
@@ -262,11 +261,11 @@ func (m *groupMember) close() error {
 			// Nobody can come back under this member's cursor: it must
 			// not hold back Block queues for good.
 			if err := m.b.groups.forget(context.Background(), m.view.Load().t, m.scope); err != nil {
-				m.report(errorf("ferry: forget broadcast member %s: %w", m.scope, err))
+				m.report(&Error{Op: fmt.Sprintf("forget broadcast member %s", m.scope), Err: err})
 			}
 		}
 		m.mu.Lock()
-		m.closeErr = errors.Join(m.closeErrs...)
+		m.closeErr = joinErrors(m.closeErrs...)
 		m.mu.Unlock()
 	})
 	return m.closeErr
@@ -448,7 +447,7 @@ func (m *groupMember) step() bool {
 		case <-m.stop:
 			return true
 		case <-m.sess.Done():
-			m.report(errorf("ferry: group %s member %q: %w: joining again", m.key, m.cfg.memberID, ErrSessionExpired))
+			m.report(&Error{Op: fmt.Sprintf("group %s member %q", m.key, m.cfg.memberID), Err: fmt.Errorf("%w: joining again", ErrSessionExpired)})
 			m.rebalance(nil, nil) // the runs stopped when their leases were lost
 			if m.sess = m.rejoin(); m.sess == nil {
 				return true
@@ -573,7 +572,7 @@ func (m *groupMember) rejoin() Session {
 		if m.closing() {
 			return nil
 		}
-		m.report(errorf("ferry: join group %s again: %w", m.key, err))
+		m.report(&Error{Op: fmt.Sprintf("join group %s again", m.key), Err: err})
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -635,10 +634,11 @@ func (m *groupMember) allocate(members []string) (mine []QueueID, ok bool) {
 		m.mu.Unlock()
 		return mine, true
 	}
-	err := errorf("ferry: group %q: %w: allocator %T over %d members: %s", m.group, ErrInvalidAllocation, a, len(members), bad[0])
+	more := ""
 	if len(bad) > 1 {
-		err = fmt.Errorf("%w (and %d more problems)", err, len(bad)-1)
+		more = fmt.Sprintf(" (and %d more problems)", len(bad)-1)
 	}
+	err := &Error{Op: fmt.Sprintf("group %q", m.group), Err: fmt.Errorf("%w: allocator %T over %d members: %s%s", ErrInvalidAllocation, a, len(members), bad[0], more)}
 	m.mu.Lock()
 	repeat := m.lastErr == err.Error()
 	m.lastErr = err.Error()

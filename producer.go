@@ -129,10 +129,10 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 		c.name = "producer-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(producerSeq.Add(1), 10)
 	}
 	if c.max <= 0 {
-		return nil, errorf("ferry: new producer: %w: max message bytes %d", ErrInvalidOption, c.max)
+		return nil, &Error{Op: "new producer", Err: fmt.Errorf("%w: max message bytes %d", ErrInvalidOption, c.max)}
 	}
 	if b.closed.Load() {
-		return nil, errorf("ferry: new producer: %w", ErrClosed)
+		return nil, &Error{Op: "new producer", Err: ErrClosed}
 	}
 	origin := &Origin{Producer: c.name, Host: bornAddress}
 	return &Producer{b: b, router: c.router, name: c.name, origin: origin, max: c.max, hooks: newHookSet(b.hooks, c.hooks)}, nil
@@ -149,7 +149,7 @@ func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 	r, err := p.send(ctx, m, true)
 	if err != nil {
 		p.failed.Add(1)
-		return SendResult{}, errorf("ferry: send: %w", err)
+		return SendResult{}, &Error{Op: "send", Err: err}
 	}
 	p.sent.Add(1)
 	return r, nil
@@ -162,7 +162,7 @@ func (p *Producer) TrySend(m *Message) (SendResult, error) {
 	r, err := p.send(context.Background(), m, false)
 	if err != nil {
 		p.failed.Add(1)
-		return SendResult{}, errorf("ferry: try send: %w", err)
+		return SendResult{}, &Error{Op: "try send", Err: err}
 	}
 	p.sent.Add(1)
 	return r, nil
@@ -307,12 +307,12 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult, []EnhancedMessage, error) {
 	if len(msgs) == 0 {
 		if p.closed.Load() {
-			return nil, nil, errorf("ferry: send batch: %w", ErrClosed)
+			return nil, nil, &Error{Op: "send batch", Err: ErrClosed}
 		}
 		return nil, nil, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, nil, errorf("ferry: send batch: %w", err)
+		return nil, nil, &Error{Op: "send batch", Err: err}
 	}
 	for _, m := range msgs {
 		if m != nil && p.delayed(m) {
@@ -332,7 +332,7 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 	for i, m := range msgs {
 		t, q, err := p.prepare(ctx, m, &ems[i], now, first+uint64(i))
 		if err != nil {
-			return nil, ems[:i], errorf("ferry: send batch: message %d: %w", i, err)
+			return nil, ems[:i], &Error{Op: fmt.Sprintf("send batch: message %d", i), Err: err}
 		}
 		if i == 0 {
 			targets = append(targets, target{t: t})
@@ -393,7 +393,7 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 				continue
 			}
 			if _, err := writeAt(ctx, tg.t.queues[q], sorted[lo:hi], now); err != nil {
-				return results, ems, errorf("ferry: send batch: write %s: %w", tg.t.queues[q].ID(), err)
+				return results, ems, &Error{Op: fmt.Sprintf("send batch: write %s", tg.t.queues[q].ID()), Err: err}
 			}
 			for k := lo; k < hi; k++ {
 				em := sorted[k]
@@ -429,13 +429,13 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 		}
 		t, q, err := p.prepare(ctx, m, &ems[i], now, first+uint64(i))
 		if err != nil {
-			return nil, ems[:0], errorf("ferry: send batch: message %d: %w", i, err)
+			return nil, ems[:0], &Error{Op: fmt.Sprintf("send batch: message %d", i), Err: err}
 		}
 		later = append(later, pending{i, t.meta.Name, q})
 	}
 	for _, m := range plain { // checked before anything is written
 		if _, err := p.check(m); err != nil {
-			return nil, ems[:0], errorf("ferry: send batch: %w", err)
+			return nil, ems[:0], &Error{Op: "send batch", Err: err}
 		}
 	}
 	results := make([]SendResult, len(msgs))
@@ -461,7 +461,7 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 		batch[k] = delayed{em: &ems[d.i], target: QueueID{Topic: d.topic, Queue: d.q}, at: msgs[d.i].DeliverAt, res: &results[d.i]}
 	}
 	if err := p.b.delay.placeBatch(ctx, batch); err != nil {
-		return results, ems, errorf("ferry: send batch: delayed messages: %w", err)
+		return results, ems, &Error{Op: "send batch: delayed messages", Err: err}
 	}
 	return results, ems, nil
 }
@@ -478,7 +478,7 @@ func (p *Producer) writeOne(ctx context.Context, t *topicState, q int, ems []Enh
 		for i := range results {
 			results[i].Offset = -1
 		}
-		return results, errorf("ferry: send batch: write %s: %w", t.queues[q].ID(), err)
+		return results, &Error{Op: fmt.Sprintf("send batch: write %s", t.queues[q].ID()), Err: err}
 	}
 	id := QueueID{Topic: t.meta.Name, Queue: q}
 	for i := range ems {

@@ -2,7 +2,7 @@ package ferry
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"iter"
 	"strings"
 	"sync"
@@ -35,13 +35,13 @@ type PullConsumer struct {
 func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*PullConsumer, error) {
 	cfg, err := newConsumerConfig(group, topic, opts)
 	if err != nil {
-		return nil, errorf("ferry: new pull consumer: %w", err)
+		return nil, &Error{Op: "new pull consumer", Err: err}
 	}
 	if len(cfg.pushOnly) > 0 {
-		return nil, errorf("ferry: new pull consumer: %w: %s is for push consumers", ErrInvalidOption, strings.Join(cfg.pushOnly, ", "))
+		return nil, &Error{Op: "new pull consumer", Err: fmt.Errorf("%w: %s is for push consumers", ErrInvalidOption, strings.Join(cfg.pushOnly, ", "))}
 	}
 	if b.closed.Load() {
-		return nil, errorf("ferry: new pull consumer: %w", ErrClosed)
+		return nil, &Error{Op: "new pull consumer", Err: ErrClosed}
 	}
 	m := newGroupMember(b, group, topic, cfg)
 	m.pull = true
@@ -53,7 +53,7 @@ func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*
 // never the consumer. Poll and Messages call it if needed.
 func (c *PullConsumer) Start(ctx context.Context) error {
 	if err := c.m.start(ctx, nil); err != nil {
-		return errorf("ferry: start pull consumer: %w", err)
+		return &Error{Op: "start pull consumer", Err: err}
 	}
 	return nil
 }
@@ -66,10 +66,10 @@ func (c *PullConsumer) Start(ctx context.Context) error {
 // messages are shared with other groups and must not be modified.
 func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, error) {
 	if max < 1 {
-		return nil, errorf("ferry: poll: %w: max %d", ErrInvalidOption, max)
+		return nil, &Error{Op: "poll", Err: fmt.Errorf("%w: max %d", ErrInvalidOption, max)}
 	}
 	if err := c.Start(ctx); err != nil {
-		return nil, errorf("ferry: poll: %w", err)
+		return nil, &Error{Op: "poll", Err: err}
 	}
 	c.finishLast()
 	// One Poll takes from one queue's buffer, which never holds more than
@@ -77,7 +77,7 @@ func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, e
 	out := make([]*EnhancedMessage, min(max, c.m.cfg.buffer.MaxMessages))
 	n, err := c.poll(ctx, out)
 	if err != nil {
-		return nil, errorf("ferry: poll: %w", err)
+		return nil, &Error{Op: "poll", Err: err}
 	}
 	out = out[:n:n]
 	if c.m.cfg.autoCommit {
@@ -158,16 +158,16 @@ func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) err
 	closed := c.m.state == memberClosed
 	c.m.mu.Unlock()
 	if closed {
-		return errorf("ferry: commit: %w", ErrClosed)
+		return &Error{Op: "commit", Err: ErrClosed}
 	}
 	if err := ctx.Err(); err != nil {
-		return errorf("ferry: commit: %w", err)
+		return &Error{Op: "commit", Err: err}
 	}
 	var errs []error
 	for _, r := range c.finish(msgs) {
 		errs = append(errs, r.commit(false))
 	}
-	return errors.Join(errs...)
+	return joinErrors(errs...)
 }
 
 // Messages returns an iterator over the consumer's messages, one at a
@@ -179,13 +179,13 @@ func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) err
 func (c *PullConsumer) Messages(ctx context.Context) iter.Seq2[*EnhancedMessage, error] {
 	return func(yield func(*EnhancedMessage, error) bool) {
 		if err := c.Start(ctx); err != nil {
-			yield(nil, errorf("ferry: messages: %w", err))
+			yield(nil, &Error{Op: "messages", Err: err})
 			return
 		}
 		var one [1]*EnhancedMessage
 		for {
 			if _, err := c.poll(ctx, one[:]); err != nil {
-				yield(nil, errorf("ferry: messages: %w", err))
+				yield(nil, &Error{Op: "messages", Err: err})
 				return
 			}
 			more := yield(one[0], nil)
@@ -208,7 +208,7 @@ func (c *PullConsumer) Assigned() []QueueID { return c.m.assigned() }
 // queues stay owned. See [Consumer.Pause].
 func (c *PullConsumer) Pause(queues ...QueueID) error {
 	if err := c.m.pause(true, queues); err != nil {
-		return errorf("ferry: pause: %w", err)
+		return &Error{Op: "pause", Err: err}
 	}
 	return nil
 }
@@ -217,7 +217,7 @@ func (c *PullConsumer) Pause(queues ...QueueID) error {
 // queue when none is given.
 func (c *PullConsumer) Resume(queues ...QueueID) error {
 	if err := c.m.pause(false, queues); err != nil {
-		return errorf("ferry: resume: %w", err)
+		return &Error{Op: "resume", Err: err}
 	}
 	return nil
 }
@@ -230,7 +230,7 @@ func (c *PullConsumer) Paused() []QueueID { return c.m.pausedQueues() }
 // Commit of them is ignored.
 func (c *PullConsumer) Seek(ctx context.Context, to ResetTo) error {
 	if err := c.m.seek(ctx, to); err != nil {
-		return errorf("ferry: seek: %w", err)
+		return &Error{Op: "seek", Err: err}
 	}
 	return nil
 }

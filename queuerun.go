@@ -3,6 +3,7 @@ package ferry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,7 +115,7 @@ func (r *queueRun) run() {
 	lease, err := r.sess.Lock(r.ctx, r.q)
 	if err != nil {
 		if r.ctx.Err() == nil && !errors.Is(err, ErrSessionExpired) {
-			m.report(errorf("ferry: lock %s: %w", r.id, err))
+			m.report(&Error{Op: fmt.Sprintf("lock %s", r.id), Err: err})
 			// The member takes the queue again (see runEnded), after a
 			// pause so that a lock that keeps failing is not a busy loop.
 			t := time.NewTimer(relockBackoff)
@@ -261,7 +262,7 @@ func (r *queueRun) callback(name string, f func(QueueID)) {
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			r.m.report(errorf("ferry: on %s %s: panic: %v", name, r.id, p))
+			r.m.report(&Error{Op: fmt.Sprintf("on %s %s", name, r.id), Err: fmt.Errorf("panic: %v", p)})
 		}
 	}()
 	f(r.id)
@@ -311,7 +312,7 @@ func (r *queueRun) unlock() {
 	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
 	defer cancel()
 	if err := r.lease.Release(ctx); err != nil && !r.lost.Load() {
-		r.m.report(errorf("ferry: unlock %s: %w", r.id, err))
+		r.m.report(&Error{Op: fmt.Sprintf("unlock %s", r.id), Err: err})
 	}
 }
 
@@ -342,7 +343,7 @@ func (r *queueRun) load() (int64, error) {
 	m := r.m
 	offs, err := m.b.cursors.Load(r.ctx, m.topic, m.scope, len(r.t.queues))
 	if err != nil {
-		return 0, errorf("ferry: take %s: %w", r.id, err)
+		return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
 	}
 	if _, listed := m.b.cursors.(CursorGroups); !listed || r.t.meta.Retention.Overflow == Block {
 		// Block queues' releases, and ForgetGroup over a store that
@@ -355,7 +356,7 @@ func (r *queueRun) load() (int64, error) {
 	cur := offs[r.q]
 	oldest, next, err := queueOffsets(r.ctx, r.queue)
 	if err != nil {
-		return 0, errorf("ferry: take %s: %w", r.id, err)
+		return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
 	}
 	start := cur
 	switch {
@@ -371,7 +372,7 @@ func (r *queueRun) load() (int64, error) {
 		err := r.commitCursor(r.ctx, start)
 		m.recordCommit(time.Since(began))
 		if err != nil {
-			return 0, errorf("ferry: take %s: %w", r.id, err)
+			return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
 		}
 	}
 	r.commitMu.Lock()
@@ -455,7 +456,7 @@ func (r *queueRun) fetch() bool {
 				return true
 			}
 			r.signal()
-			m.report(errorf("ferry: fetch %s: %w", r.id, err))
+			m.report(&Error{Op: fmt.Sprintf("fetch %s", r.id), Err: err})
 			t := time.NewTimer(readErrorBackoff)
 			select {
 			case <-t.C:
@@ -616,16 +617,16 @@ func (r *queueRun) seek(req seekReq) {
 // handled as a failed one, rather than crash the fetch loop.
 func checkRead(q Queue, next int64, dst []*EnhancedMessage, n int) error {
 	if n < 1 || n > len(dst) {
-		return errorf("ferry: queue %T read %d messages into %d", q, n, len(dst))
+		return &Error{Op: fmt.Sprintf("queue %T read", q), Err: fmt.Errorf("%w: %d messages into %d", ErrInvalidMessage, n, len(dst))}
 	}
 	want := next
 	for i, m := range dst[:n] {
 		if m == nil || m.Offset < want {
 			clear(dst[:n])
 			if m == nil {
-				return errorf("ferry: queue %T read at %d: message %d: %w: nil", q, next, i, ErrInvalidMessage)
+				return &Error{Op: fmt.Sprintf("queue %T read at %d: message %d", q, next, i), Err: fmt.Errorf("%w: nil", ErrInvalidMessage)}
 			}
-			return errorf("ferry: queue %T read at %d: message %d has offset %d, want %d or more", q, next, i, m.Offset, want)
+			return &Error{Op: fmt.Sprintf("queue %T read at %d", q, next), Err: fmt.Errorf("%w: message %d has offset %d, want %d or more", ErrInvalidMessage, i, m.Offset, want)}
 		}
 		want = m.Offset + 1
 	}
@@ -733,7 +734,7 @@ func (r *queueRun) commitLocked(final bool) error {
 		m.hooks.onCommitted(CommitEvent{Group: m.scope, Member: m.cfg.memberID, Queue: r.id, Offset: off, Took: took, Err: err})
 	}
 	if err != nil {
-		return errorf("ferry: commit %s at %d: %w", r.id, off, err)
+		return &Error{Op: fmt.Sprintf("commit %s at %d", r.id, off), Err: err}
 	}
 	r.committed = off
 	m.lastCommit.Store(time.Now().UnixNano())
@@ -753,7 +754,7 @@ func (r *queueRun) releaseBlocked(off int64) {
 	}
 	low, err := m.b.groups.releaseTo(context.Background(), r.t, m.scope, r.q, off)
 	if err != nil {
-		m.report(errorf("ferry: release %s: %w", r.id, err))
+		m.report(&Error{Op: fmt.Sprintf("release %s", r.id), Err: err})
 		return
 	}
 	rel.Release(low)

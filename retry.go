@@ -144,7 +144,7 @@ func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cau
 		_, err = m.b.delay.place(r.hctx, em, QueueID{Topic: target, Queue: v.Queue % t.meta.Queues}, at, true)
 	}
 	if err != nil {
-		m.report(errorf("ferry: retry %s offset %d to %q: %w (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, target, err))
+		m.report(&Error{Op: fmt.Sprintf("retry %s offset %d to %q (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, target), Err: err})
 		d.schedule(&retryItem{r: r, msg: msg, attempt: attempt, cause: cause, tries: try + 1, resend: true, id: id,
 			due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, try))})
 		return false
@@ -192,7 +192,7 @@ func (c *Consumer) ensureRetry(ctx context.Context, create bool) error {
 			}
 			c.retryMu.Unlock()
 			_ = rc.Close()
-			return errorf("ferry: start reading retry topic %q: %w", rc.m.topic, err)
+			return &Error{Op: fmt.Sprintf("start reading retry topic %q", rc.m.topic), Err: err}
 		}
 	}
 	return nil

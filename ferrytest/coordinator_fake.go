@@ -66,10 +66,10 @@ func (c *FakeCoordinator) Join(ctx context.Context, g ferry.GroupKey, member str
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, fmt.Errorf("ferrytest: join %s: %w", g, ferry.ErrClosed)
+		return nil, &ferry.Error{Op: fmt.Sprintf("ferrytest: join %s", g), Err: ferry.ErrClosed}
 	}
 	if err := c.failJoins[fakeMemberKey{g, member}]; err != nil {
-		return nil, fmt.Errorf("ferrytest: join %s as %q: %w", g, member, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("ferrytest: join %s as %q", g, member), Err: err}
 	}
 	in, err := c.inner.Join(ctx, g, member)
 	if err != nil {
@@ -220,7 +220,7 @@ func (s *fakeSession) Lock(ctx context.Context, queue int) (ferry.Lease, error) 
 	if s.ended {
 		// Expired or closed while the lock was taken: it is freed.
 		_ = in.Release(context.Background())
-		return nil, fmt.Errorf("ferrytest: lock %s queue %d: %w", s.g, queue, ferry.ErrSessionExpired)
+		return nil, &ferry.Error{Op: fmt.Sprintf("ferrytest: lock %s queue %d", s.g, queue), Err: ferry.ErrSessionExpired}
 	}
 	l := &fakeLease{s: s, q: queue, inner: in, lost: make(chan struct{})}
 	s.leases[queue] = l

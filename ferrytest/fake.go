@@ -235,12 +235,12 @@ func (q *FakeQueue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, do
 func (q *FakeQueue) inject(ctx context.Context, msgs []*ferry.EnhancedMessage) error {
 	n, err := q.own.write(ctx, msgs)
 	if err != nil {
-		return fmt.Errorf("ferrytest: write %s (call %d): %w", q.ID(), n, err)
+		return &ferry.Error{Op: fmt.Sprintf("ferrytest: write %s (call %d)", q.ID(), n), Err: err}
 	}
 	if q.shared != nil {
 		n, err = q.shared.write(ctx, msgs)
 		if err != nil {
-			return fmt.Errorf("ferrytest: write %s (storage call %d): %w", q.ID(), n, err)
+			return &ferry.Error{Op: fmt.Sprintf("ferrytest: write %s (storage call %d)", q.ID(), n), Err: err}
 		}
 	}
 	return nil
@@ -253,7 +253,7 @@ func (q *FakeQueue) Read(ctx context.Context, offset int64, dst []*ferry.Enhance
 			continue
 		}
 		if n, err := f.read(ctx, offset); err != nil {
-			return 0, fmt.Errorf("ferrytest: read %s at %d (call %d): %w", q.ID(), offset, n, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("ferrytest: read %s at %d (call %d)", q.ID(), offset, n), Err: err}
 		}
 	}
 	return q.mem.Read(ctx, offset, dst)

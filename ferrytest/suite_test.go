@@ -64,7 +64,7 @@ var brokenCases = map[string]brokenCase{
 	},
 	"wrong-sentinel": {
 		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("wrong-sentinel")) },
-		want: `want one matching ferry: offset out of range (errors.Is)`,
+		want: `want one matching offset out of range (errors.Is)`,
 	},
 	"close-twice-fails": {
 		run: func(t *testing.T) {
@@ -156,7 +156,7 @@ var brokenCases = map[string]brokenCase{
 				return unfencedCursorStore{ferry.NewMemoryCursorStore()}
 			})
 		},
-		want: "with stale token 4: got no error, want ferry: fenced",
+		want: "with stale token 4: got no error, want fenced",
 	},
 	"allocator-two-owners": {
 		run: func(t *testing.T) {

@@ -76,7 +76,7 @@ func Verify(dir string, opts ...Option) (VerifyReport, error) {
 	defer st.Close()
 	v := verifier{st: st, r: &r}
 	if err := v.run(); err != nil {
-		return r, ferry.Errorf("ferry: filestore: verify %s: %w", dir, err)
+		return r, &ferry.Error{Op: fmt.Sprintf("filestore: verify %s", dir), Err: err}
 	}
 	return r, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -65,10 +66,10 @@ var (
 func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Coordinator, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: coordinator: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: coordinator", Err: err}
 	}
 	if js == nil {
-		return nil, ferry.Errorf("ferry: natsstore: coordinator: %w: nil JetStream", ferry.ErrInvalidOption)
+		return nil, &ferry.Error{Op: "natsstore: coordinator", Err: fmt.Errorf("%w: nil JetStream", ferry.ErrInvalidOption)}
 	}
 	ctx, cancel := cfg.bound(ctx)
 	defer cancel()
@@ -83,10 +84,10 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 		}
 		st, err := ask(ctx, cfg, kv.Status)
 		if err != nil {
-			return nil, ferry.Errorf("ferry: natsstore: coordinator: bucket %s: %w", b.name, err)
+			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: coordinator: bucket %s", b.name), Err: err}
 		}
 		if st.TTL() != cfg.ttl {
-			return nil, ferry.Errorf("ferry: natsstore: coordinator: %w: bucket %s has TTL %v, want %v", ferry.ErrInvalidOption, st.Bucket(), st.TTL(), cfg.ttl)
+			return nil, &ferry.Error{Op: "natsstore: coordinator", Err: fmt.Errorf("%w: bucket %s has TTL %v, want %v", ferry.ErrInvalidOption, st.Bucket(), st.TTL(), cfg.ttl)}
 		}
 		*b.kv = kv
 	}
@@ -98,19 +99,19 @@ func groupPrefix(g ferry.GroupKey) string { return encodeToken(g.Scope) + "." + 
 // Join implements [ferry.Coordinator].
 func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {
 	if g.Scope == "" || member == "" {
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w: empty group or member", g, ferry.ErrInvalidOption)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: fmt.Errorf("%w: empty group or member", ferry.ErrInvalidOption)}
 	}
 	if err := ferry.ValidateTopicName(g.Topic); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
 	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ferry.ErrClosed}
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
@@ -123,14 +124,14 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	start := time.Now()
 	rev, err := c.members.Create(ctx, s.key, s.nonce)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return nil, ferry.Errorf("ferry: natsstore: join: %w: member %q already in group %q of topic %q", ferry.ErrInvalidOption, member, g.Scope, g.Topic)
+		return nil, &ferry.Error{Op: "natsstore: join", Err: fmt.Errorf("%w: member %q already in group %q of topic %q", ferry.ErrInvalidOption, member, g.Scope, g.Topic)}
 	}
 	if err != nil {
 		// The create may have gone through (a timeout after the send):
 		// a key of ours would hold the member ID and a share of the
 		// queues until it expired. Take it back.
 		c.takeBack(c.members, s.key, s.nonce)
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
 	}
 	s.rev = rev
 	wctx, wcancel := context.WithCancel(context.Background())
@@ -138,7 +139,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	if err != nil {
 		wcancel()
 		c.deleteKey(c.members, s.key, rev)
-		return nil, ferry.Errorf("ferry: natsstore: join %s: watch: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s: watch", g), Err: err}
 	}
 	set := map[string]bool{}
 	for initial := true; initial; {
@@ -153,7 +154,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 			stopWatcher(w, c.cfg.opTimeout)
 			wcancel()
 			c.deleteKey(c.members, s.key, rev)
-			return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ctx.Err())
+			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ctx.Err()}
 		}
 	}
 	set[member] = true // it was created before the watch started
@@ -164,7 +165,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		stopWatcher(w, c.cfg.opTimeout)
 		wcancel()
 		c.deleteKey(c.members, s.key, rev)
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ferry.ErrClosed}
 	}
 	c.sessions[s] = struct{}{}
 	c.mu.Unlock()
@@ -244,10 +245,10 @@ func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, 
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, ferry.ErrClosed)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: ferry.ErrClosed}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
@@ -259,7 +260,7 @@ func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, 
 		return nil
 	})
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
 	}
 	slices.Sort(out)
 	return out, nil
@@ -490,10 +491,10 @@ func (s *session) lockKey(q int) string { return s.prefix + "." + strconv.Itoa(q
 // exists, a watch of the key wakes the waiter on its deletion or expiry.
 func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 	if q < 0 || q >= ferry.MaxQueues {
-		return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w: out of range", s.g, q, ferry.ErrInvalidOption)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: fmt.Errorf("%w: out of range", ferry.ErrInvalidOption)}
 	}
 	expired := func() error {
-		return ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ferry.ErrSessionExpired}
 	}
 	select {
 	case <-s.stop:
@@ -528,7 +529,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 				return nil, expired()
 			case <-ctx.Done():
 				s.c.takeBack(s.c.locks, key, s.nonce)
-				return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ctx.Err())
+				return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ctx.Err()}
 			}
 			continue
 		}
@@ -542,7 +543,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 			if errors.Is(err, ferry.ErrSessionExpired) {
 				return nil, expired()
 			}
-			return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, err)
+			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: err}
 		}
 	}
 }
@@ -585,7 +586,7 @@ func (s *session) granted(q int, key string, rev uint64, start time.Time) (ferry
 	if s.ended {
 		s.mu.Unlock()
 		s.c.deleteKey(s.c.locks, key, rev)
-		return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ferry.ErrSessionExpired}
 	}
 	s.leases[q] = l
 	s.wg.Go(func() { l.renew(start) })

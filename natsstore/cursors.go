@@ -50,13 +50,13 @@ func parseCursorKey(key string) (group string, q int, ok bool) {
 // Load implements [ferry.CursorStore]: one watch of the group's keys.
 func (s *Store) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
 	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: load cursor: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: err}
 	}
 	if s.isClosed() {
-		return nil, ferry.Errorf("ferry: natsstore: load cursor: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: ferry.ErrClosed}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: load cursor: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: err}
 	}
 	out := make([]int64, queues)
 	for i := range out {
@@ -75,7 +75,7 @@ func (s *Store) Load(ctx context.Context, topic, group string, queues int) ([]in
 		}
 	}
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: load cursor %s/%s: %w", topic, group, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: load cursor %s/%s", topic, group), Err: err}
 	}
 	return out, nil
 }
@@ -94,16 +94,16 @@ func (s *Store) CommitFenced(ctx context.Context, topic, group string, queue int
 
 func (s *Store) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
 	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
-		return ferry.Errorf("ferry: natsstore: commit cursor: %w", err)
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
 	}
 	if offset < 0 {
-		return ferry.Errorf("ferry: natsstore: commit cursor: %w: offset %d", ferry.ErrOffsetOutOfRange, offset)
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: fmt.Errorf("%w: offset %d", ferry.ErrOffsetOutOfRange, offset)}
 	}
 	if s.isClosed() {
-		return ferry.Errorf("ferry: natsstore: commit cursor: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: ferry.ErrClosed}
 	}
 	if err := ctx.Err(); err != nil {
-		return ferry.Errorf("ferry: natsstore: commit cursor: %w", err)
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -120,21 +120,21 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 				continue // raced another commit: read again
 			}
 			if err != nil {
-				return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w", topic, group, queue, err)
+				return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: err}
 			}
 			return nil
 		}
 		if err != nil {
-			return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w", topic, group, queue, err)
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: err}
 		}
 		_, last, err := decodeCursor(e.Value())
 		if err != nil {
-			return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w", topic, group, queue, err)
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: err}
 		}
 		tok := last
 		if fenced {
 			if token < last {
-				return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w: token %d, last %d", topic, group, queue, ferry.ErrFenced, token, last)
+				return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: fmt.Errorf("%w: token %d, last %d", ferry.ErrFenced, token, last)}
 			}
 			tok = token
 		}
@@ -143,7 +143,7 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 			continue
 		}
 		if err != nil {
-			return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w", topic, group, queue, err)
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: err}
 		}
 		return nil
 	}
@@ -152,10 +152,10 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 // Cursors implements [ferry.CursorGroups]: one watch of the topic's keys.
 func (s *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
 	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
-		return ferry.Cursors{}, ferry.Errorf("ferry: natsstore: list cursors: %w", err)
+		return ferry.Cursors{}, &ferry.Error{Op: "natsstore: list cursors", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.Cursors{}, ferry.Errorf("ferry: natsstore: list cursors: %w", ferry.ErrClosed)
+		return ferry.Cursors{}, &ferry.Error{Op: "natsstore: list cursors", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -168,7 +168,7 @@ func (s *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cu
 		err = addCursor(out, e, queues)
 	}
 	if err != nil {
-		return ferry.Cursors{}, ferry.Errorf("ferry: natsstore: list cursors of %s: %w", topic, err)
+		return ferry.Cursors{}, &ferry.Error{Op: fmt.Sprintf("natsstore: list cursors of %s", topic), Err: err}
 	}
 	return out, nil
 }
@@ -201,10 +201,10 @@ func addCursor(out ferry.Cursors, e jetstream.KeyValueEntry, queues int) error {
 // the topic, tokens included.
 func (s *Store) Forget(ctx context.Context, topic, group string) error {
 	if err := ferry.ValidateCursorArgs(topic, group, 0); err != nil {
-		return ferry.Errorf("ferry: natsstore: forget cursor: %w", err)
+		return &ferry.Error{Op: "natsstore: forget cursor", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.Errorf("ferry: natsstore: forget cursor: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "natsstore: forget cursor", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -216,7 +216,7 @@ func (s *Store) Forget(ctx context.Context, topic, group string) error {
 		err = s.cursors.Purge(ctx, e.Key())
 	}
 	if err != nil {
-		return ferry.Errorf("ferry: natsstore: forget cursor %s/%s: %w", topic, group, err)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: forget cursor %s/%s", topic, group), Err: err}
 	}
 	return nil
 }

@@ -105,13 +105,13 @@ func (s *Store) streamConfig(meta ferry.TopicMeta, name, subject string) jetstre
 // (tail.go).
 func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (ferry.Queue, error) {
 	if err := meta.Validate(); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: open queue: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: err}
 	}
 	if i < 0 || i >= meta.Queues {
-		return nil, ferry.Errorf("ferry: natsstore: open queue: %w: queue %d of %d", ferry.ErrInvalidTopic, i, meta.Queues)
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: fmt.Errorf("%w: queue %d of %d", ferry.ErrInvalidTopic, i, meta.Queues)}
 	}
 	if s.isClosed() {
-		return nil, ferry.Errorf("ferry: natsstore: open queue: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -124,12 +124,12 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 	q.sc = s.streamConfig(meta, name, q.subject)
 	h, err := s.openStream(ctx, q.sc)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: open queue %s: stream %s: %w", q.id, name, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: open queue %s: stream %s", q.id, name), Err: err}
 	}
 	q.handle = h
 	info, err := ask(ctx, s.cfg, func(ctx context.Context) (*jetstream.StreamInfo, error) { return h.Info(ctx) })
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: open queue %s: %w", q.id, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: open queue %s", q.id), Err: err}
 	}
 	q.oldest, q.next = offsetsOf(info.State)
 	if q.meta.Retention.Overflow == ferry.Block {
@@ -137,7 +137,7 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 		q.purgeReq = make(chan struct{}, 1)
 		q.relSub, err = s.js.Conn().Subscribe(q.relSubj, func(*nats.Msg) { signal(q.relWake) })
 		if err != nil {
-			return nil, ferry.Errorf("ferry: natsstore: open queue %s: subscribe: %w", q.id, err)
+			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: open queue %s: subscribe", q.id), Err: err}
 		}
 	}
 	q.ctx, q.cancel = context.WithCancel(context.Background())
@@ -149,7 +149,7 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 	if s.closed {
 		s.mu.Unlock()
 		_ = q.Close()
-		return nil, ferry.Errorf("ferry: natsstore: open queue: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: ferry.ErrClosed}
 	}
 	s.queues[q] = struct{}{}
 	s.mu.Unlock()
@@ -246,16 +246,16 @@ func (q *queue) refresh(ctx context.Context) error {
 // be pushed a new message.
 func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
 	if q.isClosed() {
-		return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ferry.ErrClosed}
 	}
 	if len(dst) == 0 {
 		return 0, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, err)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: err}
 	}
 	if offset < 0 {
-		return 0, ferry.Errorf("ferry: natsstore: read %s at %d: %w", q.id, offset, ferry.ErrOffsetOutOfRange)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d", q.id, offset), Err: ferry.ErrOffsetOutOfRange}
 	}
 	refreshed, lagged := false, 0
 	for {
@@ -285,13 +285,13 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 					case <-time.After(lagRetryWait):
 						continue
 					case <-q.done:
-						return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+						return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ferry.ErrClosed}
 					case <-ctx.Done():
-						return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
+						return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ctx.Err()}
 					}
 				}
 			}
-			return 0, ferry.Errorf("ferry: natsstore: read %s at %d: %w", q.id, offset, ferry.ErrOffsetOutOfRange)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d", q.id, offset), Err: ferry.ErrOffsetOutOfRange}
 		case offset > next && !refreshed:
 			refreshed = true
 			if err := q.boundedRefresh(ctx); err != nil {
@@ -299,7 +299,7 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			}
 			continue
 		case offset > next:
-			return 0, ferry.Errorf("ferry: natsstore: read %s at %d beyond %d: %w", q.id, offset, next, ferry.ErrOffsetOutOfRange)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d beyond %d", q.id, offset, next), Err: ferry.ErrOffsetOutOfRange}
 		}
 		// The tail wakes us (started now if it is not running); in case
 		// it missed a message (its stream's leader died: it notices only
@@ -314,10 +314,10 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			_ = q.boundedRefresh(ctx) // an error: ask again next time
 		case <-q.done:
 			poll.Stop()
-			return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ferry.ErrClosed}
 		case <-ctx.Done():
 			poll.Stop()
-			return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ctx.Err()}
 		}
 		poll.Stop()
 	}
@@ -339,11 +339,11 @@ const (
 func (q *queue) readErr(ctx context.Context, err error) error {
 	switch {
 	case q.isClosed():
-		return ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ferry.ErrClosed}
 	case ctx.Err() != nil:
-		return ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ctx.Err()}
 	}
-	return ferry.Errorf("ferry: natsstore: read %s: %w", q.id, err)
+	return &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: err}
 }
 
 // get reads up to len(dst) messages from offset on; 0 with no error when
@@ -373,13 +373,13 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 		if off != offset+int64(n) {
 			if n == 0 {
 				q.learn(off, off)
-				return 0, ferry.Errorf("ferry: natsstore: read %s at %d (oldest %d): %w", q.id, offset, off, ferry.ErrOffsetOutOfRange)
+				return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d (oldest %d)", q.id, offset, off), Err: ferry.ErrOffsetOutOfRange}
 			}
 			break
 		}
 		m, _, err := ferry.Decode(raw.Data)
 		if err != nil {
-			return n, ferry.Errorf("ferry: natsstore: read %s at %d: %w", q.id, off, err)
+			return n, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d", q.id, off), Err: err}
 		}
 		m.Queue, m.Offset = q.id.Queue, off
 		dst[n] = m
@@ -429,30 +429,30 @@ func (q *queue) TryWrite(msgs []*ferry.EnhancedMessage) (int64, error) {
 
 func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait bool) (int64, error) {
 	if q.isClosed() {
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrClosed)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrClosed}
 	}
 	size := int64(0)
 	for i, m := range msgs {
 		if m == nil {
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w: message %d is nil", q.id, ferry.ErrInvalidMessage, i)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: message %d is nil", ferry.ErrInvalidMessage, i)}
 		}
 		size += int64(m.Size())
 	}
 	r := q.meta.Retention
 	switch {
 	case len(msgs) > MaxBatch:
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w: batch of %d messages, at most %d", q.id, ferry.ErrMessageTooLarge, len(msgs), MaxBatch)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, at most %d", ferry.ErrMessageTooLarge, len(msgs), MaxBatch)}
 	case r.MaxMessages > 0 && int64(len(msgs)) > r.MaxMessages:
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w: batch of %d messages, retention %d", q.id, ferry.ErrMessageTooLarge, len(msgs), r.MaxMessages)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, retention %d", ferry.ErrMessageTooLarge, len(msgs), r.MaxMessages)}
 	case r.MaxBytes > 0 && size > r.MaxBytes:
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w: batch of %d bytes, retention %d", q.id, ferry.ErrMessageTooLarge, size, r.MaxBytes)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d bytes, retention %d", ferry.ErrMessageTooLarge, size, r.MaxBytes)}
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: err}
 	}
 	if len(msgs) == 0 {
 		if err := q.refresh(ctx); err != nil {
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: err}
 		}
 		q.mu.Lock()
 		defer q.mu.Unlock()
@@ -492,7 +492,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 		case isDuplicateBatch(err):
 			first, at, ferr := q.locate(ctx, hint, msgs[0].ID)
 			if ferr != nil {
-				return 0, ferry.Errorf("ferry: natsstore: write %s: a retried batch was stored before, finding it: %w", q.id, ferr)
+				return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s: a retried batch was stored before, finding it", q.id), Err: ferr}
 			}
 			for i, m := range msgs {
 				m.Offset, m.StoreUnixNano = first+int64(i), at
@@ -500,17 +500,17 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 			q.advance(first + int64(len(msgs)))
 			return first, nil
 		case isFull(err) && !wait:
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrQueueFull)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrQueueFull}
 		case isFull(err):
 			if werr := q.waitRoom(ctx); werr != nil {
 				return 0, werr
 			}
 		case isTooLarge(err):
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w: %v", q.id, ferry.ErrMessageTooLarge, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: %v", ferry.ErrMessageTooLarge, err)}
 		case q.isClosed():
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrClosed)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrClosed}
 		case ctx.Err() != nil:
-			return 0, ferry.Errorf("ferry: natsstore: write %s: outcome unknown (%v): %w", q.id, err, ctx.Err())
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s: outcome unknown (%v)", q.id, err), Err: ctx.Err()}
 		case isAmbiguous(err):
 			select {
 			case <-time.After(retryBackoff):
@@ -518,7 +518,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 			case <-q.done:
 			}
 		default:
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: err}
 		}
 	}
 }
@@ -605,9 +605,9 @@ func (q *queue) waitRoom(ctx context.Context) error {
 	case <-time.After(time.Second):
 		return nil
 	case <-q.done:
-		return ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrClosed)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrClosed}
 	case <-ctx.Done():
-		return ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ctx.Err())
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ctx.Err()}
 	}
 }
 

@@ -46,10 +46,10 @@ var (
 func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: open: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: open", Err: err}
 	}
 	if js == nil {
-		return nil, ferry.Errorf("ferry: natsstore: open: %w: nil JetStream", ferry.ErrInvalidOption)
+		return nil, &ferry.Error{Op: "natsstore: open", Err: fmt.Errorf("%w: nil JetStream", ferry.ErrInvalidOption)}
 	}
 	s := &Store{cfg: cfg, js: js, queues: map[*queue]struct{}{}}
 	ctx, cancel := cfg.bound(ctx)
@@ -62,7 +62,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 	}
 	for _, kv := range []*jetstream.KeyValue{&s.topics, &s.cursors} {
 		if *kv, err = leaderReads(ctx, js, cfg, *kv); err != nil {
-			return nil, ferry.Errorf("ferry: natsstore: open: %w", err)
+			return nil, &ferry.Error{Op: "natsstore: open", Err: err}
 		}
 	}
 	return s, nil
@@ -110,7 +110,7 @@ func decodeMeta(b []byte) (ferry.TopicMeta, error) {
 // Topics implements [ferry.Storage].
 func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 	if s.isClosed() {
-		return nil, ferry.Errorf("ferry: natsstore: topics: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "natsstore: topics", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -125,7 +125,7 @@ func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 		out = append(out, m)
 	}
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: topics: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: topics", Err: err}
 	}
 	slices.SortFunc(out, func(a, b ferry.TopicMeta) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
@@ -159,15 +159,15 @@ func scan(ctx context.Context, kv jetstream.KeyValue, filter string, f func(jets
 // SaveTopic implements [ferry.Storage].
 func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	if err := meta.Validate(); err != nil {
-		return ferry.Errorf("ferry: natsstore: save topic: %w", err)
+		return &ferry.Error{Op: "natsstore: save topic", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.Errorf("ferry: natsstore: save topic: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "natsstore: save topic", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
 	if _, err := s.topics.Put(ctx, encodeToken(meta.Name), encodeMeta(meta)); err != nil {
-		return ferry.Errorf("ferry: natsstore: save topic %s: %w", meta.Name, err)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: save topic %s", meta.Name), Err: err}
 	}
 	return nil
 }
@@ -176,10 +176,10 @@ func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 // brokers creating one topic at once exactly one writes it.
 func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	if err := meta.Validate(); err != nil {
-		return ferry.Errorf("ferry: natsstore: create topic: %w", err)
+		return &ferry.Error{Op: "natsstore: create topic", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.Errorf("ferry: natsstore: create topic: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "natsstore: create topic", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -188,14 +188,14 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 		return nil
 	}
 	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: err}
 	}
 	have, err := s.topic(ctx, meta.Name)
 	if err != nil {
-		return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: err}
 	}
 	if have.Normalized() != meta.Normalized() {
-		return ferry.Errorf("ferry: natsstore: create topic %s: %w: have %+v", meta.Name, ferry.ErrTopicExists, have)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: fmt.Errorf("%w: have %+v", ferry.ErrTopicExists, have)}
 	}
 	return nil
 }
@@ -203,16 +203,16 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 // Topic implements [ferry.SharedStorage].
 func (s *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
 	if err := ferry.ValidateTopicName(name); err != nil {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: natsstore: topic: %w", err)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "natsstore: topic", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: natsstore: topic: %w", ferry.ErrClosed)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "natsstore: topic", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
 	m, err := s.topic(ctx, name)
 	if err != nil {
-		return m, ferry.Errorf("ferry: natsstore: topic %s: %w", name, err)
+		return m, &ferry.Error{Op: fmt.Sprintf("natsstore: topic %s", name), Err: err}
 	}
 	return m, nil
 }
