@@ -256,15 +256,15 @@ func (c *cursorStore) flush(durable bool) {
 
 func (c *cursorStore) load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
 	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
-		return nil, &ferry.Error{Op: "load cursor", Err: err}
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, &ferry.Error{Op: "load cursor", Err: err}
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, &ferry.Error{Op: "load cursor", Err: ferry.ErrClosed}
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: ferry.ErrClosed}
 	}
 	out := make([]int64, queues)
 	for i := range out {
@@ -279,29 +279,29 @@ func (c *cursorStore) load(ctx context.Context, topic, group string, queues int)
 
 func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
 	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
-		return &ferry.Error{Op: "commit cursor", Err: err}
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
 	if offset < 0 {
-		return &ferry.Error{Op: "commit cursor", Err: fmt.Errorf("%w: offset %d", ferry.ErrOffsetOutOfRange, offset)}
+		return &ferry.Error{Op: "filestore: commit cursor", Err: fmt.Errorf("%w: offset %d", ferry.ErrOffsetOutOfRange, offset)}
 	}
 	if err := ctx.Err(); err != nil {
-		return &ferry.Error{Op: "commit cursor", Err: err}
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return &ferry.Error{Op: "commit cursor", Err: ferry.ErrClosed}
+		return &ferry.Error{Op: "filestore: commit cursor", Err: ferry.ErrClosed}
 	}
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		return &ferry.Error{Op: "commit cursor", Err: err}
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
 	k := cursorKey{topic, group, queue}
 	if fenced {
 		if last := c.tokens[k]; token < last {
 			c.mu.Unlock()
-			return &ferry.Error{Op: fmt.Sprintf("commit cursor %s/%s[%d]", topic, group, queue), Err: fmt.Errorf("%w: token %d, last %d", ferry.ErrFenced, token, last)}
+			return &ferry.Error{Op: fmt.Sprintf("filestore: commit cursor %s/%s[%d]", topic, group, queue), Err: fmt.Errorf("%w: token %d, last %d", ferry.ErrFenced, token, last)}
 		}
 		c.tokens[k] = token
 	}
@@ -317,14 +317,14 @@ func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int
 		select {
 		case <-flushed:
 		case <-ctx.Done():
-			return &ferry.Error{Op: "commit cursor", Err: ctx.Err()}
+			return &ferry.Error{Op: "filestore: commit cursor", Err: ctx.Err()}
 		}
 		c.mu.Lock()
 		written, err := c.written, c.err
 		flushed = c.flushed
 		c.mu.Unlock()
 		if err != nil {
-			return &ferry.Error{Op: "commit cursor", Err: err}
+			return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 		}
 		if written >= mine {
 			return nil
@@ -373,15 +373,15 @@ func (st *Store) CommitFenced(ctx context.Context, topic, group string, queue in
 // cursors lists every group's cursor on topic.
 func (c *cursorStore) cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
 	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
-		return ferry.Cursors{}, &ferry.Error{Op: "list cursors", Err: err}
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return ferry.Cursors{}, &ferry.Error{Op: "list cursors", Err: err}
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return ferry.Cursors{}, &ferry.Error{Op: "list cursors", Err: ferry.ErrClosed}
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: ferry.ErrClosed}
 	}
 	out := ferry.Cursors{Topic: topic, Groups: map[string]ferry.Cursor{}}
 	for k, off := range c.m {
@@ -406,20 +406,20 @@ func (c *cursorStore) cursors(ctx context.Context, topic string, queues int) (fe
 // forget deletes group's cursors on topic, durably as commit does.
 func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
 	if err := ferry.ValidateCursorArgs(topic, group, 0); err != nil {
-		return &ferry.Error{Op: "forget cursor", Err: err}
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return &ferry.Error{Op: "forget cursor", Err: err}
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return &ferry.Error{Op: "forget cursor", Err: ferry.ErrClosed}
+		return &ferry.Error{Op: "filestore: forget cursor", Err: ferry.ErrClosed}
 	}
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		return &ferry.Error{Op: "forget cursor", Err: err}
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
 	}
 	n := len(c.m)
 	for k := range c.m {
@@ -442,14 +442,14 @@ func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
 		select {
 		case <-flushed:
 		case <-ctx.Done():
-			return &ferry.Error{Op: "forget cursor", Err: ctx.Err()}
+			return &ferry.Error{Op: "filestore: forget cursor", Err: ctx.Err()}
 		}
 		c.mu.Lock()
 		written, err := c.written, c.err
 		flushed = c.flushed
 		c.mu.Unlock()
 		if err != nil {
-			return &ferry.Error{Op: "forget cursor", Err: err}
+			return &ferry.Error{Op: "filestore: forget cursor", Err: err}
 		}
 		if written >= mine {
 			return nil

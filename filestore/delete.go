@@ -26,15 +26,15 @@ const deletedPrefix = "~deleted-"
 // nothing. Cursors stay (see [Store.Forget]).
 func (st *Store) DeleteTopic(ctx context.Context, name string) error {
 	if err := ferry.ValidateTopicName(name); err != nil {
-		return &ferry.Error{Op: "delete topic", Err: err}
+		return &ferry.Error{Op: "filestore: delete topic", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return &ferry.Error{Op: "delete topic", Err: err}
+		return &ferry.Error{Op: "filestore: delete topic", Err: err}
 	}
 	st.mu.Lock()
 	if st.closed {
 		st.mu.Unlock()
-		return &ferry.Error{Op: "delete topic", Err: ferry.ErrClosed}
+		return &ferry.Error{Op: "filestore: delete topic", Err: ferry.ErrClosed}
 	}
 	var open []*queue
 	for id, q := range st.queues {
@@ -54,13 +54,13 @@ func (st *Store) DeleteTopic(ctx context.Context, name string) error {
 	}
 	trash := path.Join("topics", deletedPrefix+name+"-"+strconv.FormatInt(time.Now().UnixNano(), 10))
 	if err := st.files.rename(tdir, trash); err != nil {
-		return &ferry.Error{Op: fmt.Sprintf("delete topic %q", name), Err: err}
+		return &ferry.Error{Op: fmt.Sprintf("filestore: delete topic %q", name), Err: err}
 	}
 	if err := st.files.syncDir("topics"); err != nil {
-		return &ferry.Error{Op: fmt.Sprintf("delete topic %q", name), Err: err}
+		return &ferry.Error{Op: fmt.Sprintf("filestore: delete topic %q", name), Err: err}
 	}
 	if err := st.root.RemoveAll(trash); err != nil {
-		return &ferry.Error{Op: fmt.Sprintf("delete topic %q", name), Err: err}
+		return &ferry.Error{Op: fmt.Sprintf("filestore: delete topic %q", name), Err: err}
 	}
 	return nil
 }

@@ -195,18 +195,18 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 	var size int64
 	for i, m := range msgs {
 		if m == nil {
-			return 0, &ferry.Error{Op: fmt.Sprintf("write %s: message %d", q.id, i), Err: fmt.Errorf("%w: nil", ferry.ErrInvalidMessage)}
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s: message %d", q.id, i), Err: fmt.Errorf("%w: nil", ferry.ErrInvalidMessage)}
 		}
 		ms, limit := m.Size(), q.cfg.maxFrameBytes-frameHeader
 		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornAddress())+len(m.Producer())+maxCodecFixed+maxCodecGrowth > limit {
 			if n := ferry.EncodedSize(m) + maxCodecGrowth; n > limit {
-				return 0, &ferry.Error{Op: fmt.Sprintf("write %s: message %d", q.id, i), Err: fmt.Errorf("%w: %d bytes encoded, a frame holds %d", ferry.ErrMessageTooLarge, n, limit)}
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s: message %d", q.id, i), Err: fmt.Errorf("%w: %d bytes encoded, a frame holds %d", ferry.ErrMessageTooLarge, n, limit)}
 			}
 		}
 		size += int64(ms)
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: err}
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}
 	}
 	if q.cfg.sync.mode() != syncAlways {
 		if first, err, done := q.writeDirect(msgs, size); done {
@@ -216,11 +216,11 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 	s := q.state.Load()
 	switch {
 	case s.closed:
-		return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ferry.ErrClosed}
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}
 	case s.failed != nil:
-		return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: s.failed}
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: s.failed}
 	case over(int64(len(msgs)), s.ret.MaxMessages) || over(size, s.ret.MaxBytes):
-		return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ferry.ErrMessageTooLarge, len(msgs), size)}
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ferry.ErrMessageTooLarge, len(msgs), size)}
 	case len(msgs) == 0:
 		q.mu.Lock()
 		defer q.mu.Unlock()
@@ -235,9 +235,9 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 		select {
 		case q.reqs <- r:
 		case <-q.stop:
-			return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ferry.ErrClosed}
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}
 		case <-ctx.Done():
-			return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ctx.Err()}
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ctx.Err()}
 		}
 	}
 	// Close publishes closed, then the writer goroutine answers what is
@@ -246,7 +246,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 	// instead would make every waiting writer queue on that one channel.)
 	s = q.state.Load()
 	if s.closed && r.state.CompareAndSwap(reqPending, reqCanceled) {
-		return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ferry.ErrClosed}
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}
 	}
 	// A queued write is committed by the next group, except with Block
 	// overflow, where it may wait for room as long as ctx lets it.
@@ -260,7 +260,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 			return res.first, res.err
 		case <-cancel:
 			if r.state.CompareAndSwap(reqPending, reqCanceled) {
-				return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ctx.Err()}
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ctx.Err()}
 			}
 			// The writer has the batch: it is all or nothing, wait for which.
 		}
@@ -282,18 +282,18 @@ func (q *queue) writeDirect(msgs []*ferry.EnhancedMessage, size int64) (first in
 	closed, failed, ret, next := s.closed, s.failed, s.ret, q.next // q.next: every writer holds wmu
 	switch {
 	case closed:
-		return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ferry.ErrClosed}, true
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}, true
 	case failed != nil:
-		return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: failed}, true
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: failed}, true
 	case over(int64(len(msgs)), ret.MaxMessages) || over(size, ret.MaxBytes):
-		return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ferry.ErrMessageTooLarge, len(msgs), size)}, true
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ferry.ErrMessageTooLarge, len(msgs), size)}, true
 	case len(msgs) == 0:
 		return next, nil, true
 	case ret.Overflow == ferry.Block:
 		return 0, nil, false
 	}
 	if err := q.appendMsgs(msgs, ret); err != nil {
-		return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: err}, true
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}, true
 	}
 	return msgs[0].Offset, nil, true
 }
@@ -339,7 +339,7 @@ func (q *queue) Close() error {
 	}
 	q.mu.Unlock()
 	if err := errors.Join(errs...); err != nil {
-		q.closeEr = &ferry.Error{Op: fmt.Sprintf("close %s", q.id), Err: err}
+		q.closeEr = &ferry.Error{Op: fmt.Sprintf("filestore: close %s", q.id), Err: err}
 	}
 	q.st.forget(q)
 	return q.closeEr

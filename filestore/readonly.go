@@ -139,14 +139,14 @@ func (st *ReadOnlyStore) isClosed() bool {
 // [ferry.ErrCorrupt].
 func (st *ReadOnlyStore) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 	if err := st.check(ctx); err != nil {
-		return nil, &ferry.Error{Op: "topics", Err: err}
+		return nil, &ferry.Error{Op: "filestore: topics", Err: err}
 	}
 	entries, err := fs.ReadDir(st.root.FS(), "topics")
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, &ferry.Error{Op: "topics", Err: err}
+		return nil, &ferry.Error{Op: "filestore: topics", Err: err}
 	}
 	var out []ferry.TopicMeta // ReadDir sorts by name
 	for _, e := range entries {
@@ -156,7 +156,7 @@ func (st *ReadOnlyStore) Topics(ctx context.Context) ([]ferry.TopicMeta, error) 
 		}
 		meta, ok, err := readMetaFile(st.root, path.Join("topics", name), name)
 		if err != nil {
-			return nil, &ferry.Error{Op: "topics", Err: err}
+			return nil, &ferry.Error{Op: "filestore: topics", Err: err}
 		}
 		if ok {
 			out = append(out, meta)
@@ -168,29 +168,29 @@ func (st *ReadOnlyStore) Topics(ctx context.Context) ([]ferry.TopicMeta, error) 
 // Topic implements [ferry.SharedStorage].
 func (st *ReadOnlyStore) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
 	if err := st.check(ctx); err != nil {
-		return ferry.TopicMeta{}, &ferry.Error{Op: "topic", Err: err}
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
 	}
 	if err := ferry.ValidateTopicName(name); err != nil {
-		return ferry.TopicMeta{}, &ferry.Error{Op: "topic", Err: err}
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
 	}
 	meta, ok, err := readMetaFile(st.root, path.Join("topics", name), name)
 	if err != nil {
-		return ferry.TopicMeta{}, &ferry.Error{Op: "topic", Err: err}
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
 	}
 	if !ok {
-		return ferry.TopicMeta{}, &ferry.Error{Op: "topic", Err: fmt.Errorf("%w: %q", ferry.ErrTopicNotFound, name)}
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: fmt.Errorf("%w: %q", ferry.ErrTopicNotFound, name)}
 	}
 	return meta, nil
 }
 
 // SaveTopic implements [ferry.Storage]: [ErrReadOnly].
 func (st *ReadOnlyStore) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
-	return &ferry.Error{Op: fmt.Sprintf("save topic %q", meta.Name), Err: ErrReadOnly}
+	return &ferry.Error{Op: fmt.Sprintf("filestore: save topic %q", meta.Name), Err: ErrReadOnly}
 }
 
 // CreateTopic implements [ferry.SharedStorage]: [ErrReadOnly].
 func (st *ReadOnlyStore) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
-	return &ferry.Error{Op: fmt.Sprintf("create topic %q", meta.Name), Err: ErrReadOnly}
+	return &ferry.Error{Op: fmt.Sprintf("filestore: create topic %q", meta.Name), Err: ErrReadOnly}
 }
 
 // OpenQueue implements [ferry.Storage]. It returns the queue whether or
@@ -203,18 +203,18 @@ func (st *ReadOnlyStore) OpenQueue(ctx context.Context, meta ferry.TopicMeta, qu
 
 func (st *ReadOnlyStore) queue(ctx context.Context, meta ferry.TopicMeta, queue int) (*roQueue, error) {
 	if err := meta.Validate(); err != nil {
-		return nil, &ferry.Error{Op: "open queue", Err: err}
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
 	if queue < 0 || queue >= meta.Queues {
-		return nil, &ferry.Error{Op: "open queue", Err: fmt.Errorf("%w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)}
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: fmt.Errorf("%w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, &ferry.Error{Op: "open queue", Err: err}
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return nil, &ferry.Error{Op: "open queue", Err: ferry.ErrClosed}
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: ferry.ErrClosed}
 	}
 	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
 	if q, ok := st.queues[id]; ok {
@@ -251,12 +251,12 @@ type SegmentInfo struct {
 func (st *ReadOnlyStore) Segments(ctx context.Context, topic string, queue int) ([]SegmentInfo, error) {
 	q, err := st.queue(ctx, ferry.TopicMeta{Name: topic, Queues: queue + 1}, queue)
 	if err != nil {
-		return nil, &ferry.Error{Op: "segments", Err: err}
+		return nil, &ferry.Error{Op: "filestore: segments", Err: err}
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.refresh(); err != nil {
-		return nil, &ferry.Error{Op: fmt.Sprintf("segments %s", q.id), Err: err}
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: segments %s", q.id), Err: err}
 	}
 	out := make([]SegmentInfo, len(q.segs))
 	for i, s := range q.segs {
@@ -298,14 +298,14 @@ func (st *ReadOnlyStore) readCursors() (map[cursorKey]int64, error) {
 // Load implements [ferry.CursorStore], reading the cursor file.
 func (st *ReadOnlyStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
 	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
-		return nil, &ferry.Error{Op: "load cursor", Err: err}
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	if err := st.check(ctx); err != nil {
-		return nil, &ferry.Error{Op: "load cursor", Err: err}
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	m, err := st.readCursors()
 	if err != nil {
-		return nil, &ferry.Error{Op: "load cursor", Err: err}
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	out := make([]int64, queues)
 	for i := range out {
@@ -321,14 +321,14 @@ func (st *ReadOnlyStore) Load(ctx context.Context, topic, group string, queues i
 // Cursors implements [ferry.CursorGroups], reading the cursor file.
 func (st *ReadOnlyStore) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
 	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
-		return ferry.Cursors{}, &ferry.Error{Op: "list cursors", Err: err}
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	if err := st.check(ctx); err != nil {
-		return ferry.Cursors{}, &ferry.Error{Op: "list cursors", Err: err}
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	m, err := st.readCursors()
 	if err != nil {
-		return ferry.Cursors{}, &ferry.Error{Op: "list cursors", Err: err}
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	out := ferry.Cursors{Topic: topic, Groups: map[string]ferry.Cursor{}}
 	for k, off := range m {
@@ -349,17 +349,17 @@ func (st *ReadOnlyStore) Cursors(ctx context.Context, topic string, queues int) 
 
 // Commit implements [ferry.CursorStore]: [ErrReadOnly].
 func (st *ReadOnlyStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	return &ferry.Error{Op: "commit cursor", Err: ErrReadOnly}
+	return &ferry.Error{Op: "filestore: commit cursor", Err: ErrReadOnly}
 }
 
 // CommitFenced implements [ferry.FencedCursorStore]: [ErrReadOnly].
 func (st *ReadOnlyStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
-	return &ferry.Error{Op: "commit cursor", Err: ErrReadOnly}
+	return &ferry.Error{Op: "filestore: commit cursor", Err: ErrReadOnly}
 }
 
 // Forget implements [ferry.CursorGroups]: [ErrReadOnly].
 func (st *ReadOnlyStore) Forget(ctx context.Context, topic, group string) error {
-	return &ferry.Error{Op: "forget cursor", Err: ErrReadOnly}
+	return &ferry.Error{Op: "filestore: forget cursor", Err: ErrReadOnly}
 }
 
 // Close implements [io.Closer]: it closes the directory and wakes
@@ -403,12 +403,12 @@ func (q *roQueue) ID() ferry.QueueID { return q.id }
 
 // Write implements [ferry.WritableQueue]: [ErrReadOnly].
 func (q *roQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
-	return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ErrReadOnly}
+	return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ErrReadOnly}
 }
 
 // TryWrite implements [ferry.TryWriter]: [ErrReadOnly].
 func (q *roQueue) TryWrite(msgs []*ferry.EnhancedMessage) (int64, error) {
-	return 0, &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ErrReadOnly}
+	return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ErrReadOnly}
 }
 
 // Close implements [io.Closer]; idempotent.
@@ -461,15 +461,15 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 		q.mu.Lock()
 		if q.closed || q.st.isClosed() {
 			q.mu.Unlock()
-			return 0, &ferry.Error{Op: fmt.Sprintf("read %s", q.id), Err: ferry.ErrClosed}
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ferry.ErrClosed}
 		}
 		if _, next := q.bounds(); offset >= next || fresh {
 			if err := q.refresh(); err != nil {
 				q.mu.Unlock()
 				if q.st.isClosed() {
-					return 0, &ferry.Error{Op: fmt.Sprintf("read %s", q.id), Err: ferry.ErrClosed}
+					return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ferry.ErrClosed}
 				}
-				return 0, &ferry.Error{Op: fmt.Sprintf("read %s at %d", q.id, offset), Err: err}
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
 			}
 		}
 		oldest, next := q.bounds()
@@ -479,13 +479,13 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 				fresh = true
 				continue
 			}
-			return 0, &ferry.Error{Op: fmt.Sprintf("read %s at %d", q.id, offset), Err: fmt.Errorf("%w: retained [%d, %d)", ferry.ErrOffsetOutOfRange, oldest, next)}
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: fmt.Errorf("%w: retained [%d, %d)", ferry.ErrOffsetOutOfRange, oldest, next)}
 		}
 		if offset < next {
 			i := sortSearchSegs(segsOf(q.segs), offset)
 			if i < 0 { // a gap between segments: damage
 				q.mu.Unlock()
-				return 0, &ferry.Error{Op: fmt.Sprintf("read %s at %d", q.id, offset), Err: fmt.Errorf("%w: no segment holds it", ferry.ErrCorrupt)}
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: fmt.Errorf("%w: no segment holds it", ferry.ErrCorrupt)}
 			}
 			s := q.segs[i]
 			name, e, size, sealed := s.name, s.lookup(offset), s.size, i < len(q.segs)-1
@@ -498,12 +498,12 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 			}
 			if err != nil {
 				if q.st.isClosed() { // closed while reading: the file went with it
-					return 0, &ferry.Error{Op: fmt.Sprintf("read %s", q.id), Err: ferry.ErrClosed}
+					return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ferry.ErrClosed}
 				}
-				return 0, &ferry.Error{Op: fmt.Sprintf("read %s at %d", q.id, offset), Err: err}
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
 			}
 			if n == 0 && sealed && bad != nil {
-				return 0, &ferry.Error{Op: fmt.Sprintf("read %s at %d", q.id, offset), Err: fmt.Errorf("%w (%s at byte %d)", bad, name, size)}
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: fmt.Errorf("%w (%s at byte %d)", bad, name, size)}
 			}
 			if n > 0 {
 				return n, nil
@@ -513,7 +513,7 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 		}
 		fresh = false
 		if err := ctx.Err(); err != nil {
-			return 0, &ferry.Error{Op: fmt.Sprintf("read %s", q.id), Err: err}
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: err}
 		}
 		if t == nil {
 			t = time.NewTimer(readOnlyPoll)
@@ -523,7 +523,7 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			return 0, &ferry.Error{Op: fmt.Sprintf("read %s", q.id), Err: ctx.Err()}
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ctx.Err()}
 		case <-q.st.done:
 		}
 	}

@@ -281,19 +281,19 @@ func (st *Store) Dir() string { return st.dir }
 // from disk again.
 func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
 	if err := meta.Validate(); err != nil {
-		return nil, &ferry.Error{Op: "open queue", Err: err}
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
 	if queue < 0 || queue >= meta.Queues {
-		return nil, &ferry.Error{Op: "open queue", Err: fmt.Errorf("%w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)}
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: fmt.Errorf("%w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, &ferry.Error{Op: "open queue", Err: err}
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
 	ret := meta.Normalized().Retention
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return nil, &ferry.Error{Op: "open queue", Err: ferry.ErrClosed}
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: ferry.ErrClosed}
 	}
 	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
 	if q, ok := st.queues[id]; ok {
@@ -301,12 +301,12 @@ func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int)
 		return q, nil
 	}
 	if err := st.files.mkdirSync(path.Join("topics", meta.Name)); err != nil {
-		return nil, &ferry.Error{Op: fmt.Sprintf("open queue %s", id), Err: err}
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
 	}
 	q, err := st.recoverQueue(id, ret)
 	st.scanBuf = nil
 	if err != nil {
-		return nil, &ferry.Error{Op: fmt.Sprintf("open queue %s", id), Err: err}
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
 	}
 	st.queues[id] = q
 	return q, nil
@@ -326,7 +326,7 @@ func (st *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return nil, &ferry.Error{Op: "topics", Err: ferry.ErrClosed}
+		return nil, &ferry.Error{Op: "filestore: topics", Err: ferry.ErrClosed}
 	}
 	out := make([]ferry.TopicMeta, 0, len(st.topics))
 	for _, m := range st.topics {
@@ -351,16 +351,16 @@ func (st *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 // Topic implements [ferry.SharedStorage].
 func (st *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
 	if err := ctx.Err(); err != nil {
-		return ferry.TopicMeta{}, &ferry.Error{Op: "topic", Err: err}
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return ferry.TopicMeta{}, &ferry.Error{Op: "topic", Err: ferry.ErrClosed}
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: ferry.ErrClosed}
 	}
 	meta, ok := st.topics[name]
 	if !ok {
-		return ferry.TopicMeta{}, &ferry.Error{Op: "topic", Err: fmt.Errorf("%w: %q", ferry.ErrTopicNotFound, name)}
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: fmt.Errorf("%w: %q", ferry.ErrTopicNotFound, name)}
 	}
 	return meta, nil
 }
@@ -369,29 +369,29 @@ var _ ferry.SharedStorage = (*Store)(nil)
 
 func (st *Store) saveTopic(ctx context.Context, op string, meta ferry.TopicMeta, ifAbsent bool) error {
 	if err := meta.Validate(); err != nil {
-		return &ferry.Error{Op: fmt.Sprintf("%s", op), Err: err}
+		return &ferry.Error{Op: "filestore: " + op, Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return &ferry.Error{Op: fmt.Sprintf("%s", op), Err: err}
+		return &ferry.Error{Op: "filestore: " + op, Err: err}
 	}
 	meta = meta.Normalized()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return &ferry.Error{Op: fmt.Sprintf("%s", op), Err: ferry.ErrClosed}
+		return &ferry.Error{Op: "filestore: " + op, Err: ferry.ErrClosed}
 	}
 	if have, ok := st.topics[meta.Name]; ok && ifAbsent {
 		if have != meta {
-			return &ferry.Error{Op: fmt.Sprintf("%s %q", op, meta.Name), Err: fmt.Errorf("%w: have %+v, asked %+v", ferry.ErrTopicExists, have, meta)}
+			return &ferry.Error{Op: fmt.Sprintf("filestore: %s %q", op, meta.Name), Err: fmt.Errorf("%w: have %+v, asked %+v", ferry.ErrTopicExists, have, meta)}
 		}
 		return nil
 	}
 	tdir := path.Join("topics", meta.Name)
 	if err := st.files.mkdirSync(tdir); err != nil {
-		return &ferry.Error{Op: fmt.Sprintf("%s %q", op, meta.Name), Err: err}
+		return &ferry.Error{Op: fmt.Sprintf("filestore: %s %q", op, meta.Name), Err: err}
 	}
 	if err := st.files.writeFileRename(path.Join(tdir, "meta"), encodeMeta(meta), true); err != nil {
-		return &ferry.Error{Op: fmt.Sprintf("%s %q", op, meta.Name), Err: err}
+		return &ferry.Error{Op: fmt.Sprintf("filestore: %s %q", op, meta.Name), Err: err}
 	}
 	st.topics[meta.Name] = meta
 	for id, q := range st.queues {

@@ -85,7 +85,7 @@ func (q *queue) run() {
 			}
 			for _, r := range q.pending {
 				if r.state.CompareAndSwap(reqPending, reqTaken) {
-					r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ferry.ErrClosed}}
+					r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}}
 				}
 			}
 			q.pending = nil
@@ -173,7 +173,7 @@ func (q *queue) process() {
 	if failed != nil {
 		for _, r := range q.pending {
 			if r.state.CompareAndSwap(reqPending, reqTaken) {
-				r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: failed}}
+				r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: failed}}
 			}
 		}
 		q.pending = q.pending[:0]
@@ -187,7 +187,7 @@ func (q *queue) process() {
 		q.pending = q.pending[:take]
 		for _, r := range rest {
 			if r.try && r.state.CompareAndSwap(reqPending, reqTaken) {
-				r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: ferry.ErrQueueFull}}
+				r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrQueueFull}}
 				continue
 			}
 			q.pending = append(q.pending, r)
@@ -219,7 +219,7 @@ func (q *queue) commit(batch []*writeReq) {
 	clear(q.flat)
 	for _, r := range batch {
 		if err != nil {
-			r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("write %s", q.id), Err: err}}
+			r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}}
 		} else {
 			r.done <- writeRes{first: r.msgs[0].Offset}
 		}
