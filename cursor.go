@@ -73,10 +73,11 @@ type FencedCursorStore interface {
 	CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error
 }
 
-// ValidateCursorsArgs checks the arguments of [CursorGroups.Cursors]: a
-// valid topic name and a queue count in range. Errors wrap
-// [ErrInvalidTopic].
-func ValidateCursorsArgs(topic string, queues int) error {
+// ValidateTopicCursorsArgs checks the arguments of a call about every
+// group's cursors on a topic ([CursorGroups.Cursors]): a valid topic name
+// and a queue count in range. Errors wrap [ErrInvalidTopic], for the
+// store to wrap in its [Error]. For store implementers.
+func ValidateTopicCursorsArgs(topic string, queues int) error {
 	if err := ValidateTopicName(topic); err != nil {
 		return err
 	}
@@ -122,11 +123,14 @@ func NewMemoryCursorStore() *MemoryCursorStore {
 	return &MemoryCursorStore{offsets: map[string]map[string]*memCursor{}}
 }
 
-// ValidateCursorArgs checks the arguments CursorStore implementations share:
-// a valid topic name, a group name of 1 to 255 bytes and a queue count or
-// index in range. Errors wrap [ErrInvalidTopic] or [ErrInvalidOption].
-func ValidateCursorArgs(topic, group string, queue int) error {
-	if err := ValidateCursorsArgs(topic, queue); err != nil {
+// ValidateGroupCursorArgs checks the arguments of a call about one group's
+// cursor on a topic ([CursorStore.Load], [CursorStore.Commit],
+// [FencedCursorStore.CommitFenced], [CursorGroups.Forget]): a valid topic
+// name, a group name of 1 to 255 bytes and a queue count or index in
+// range. Errors wrap [ErrInvalidTopic] or [ErrInvalidOption], for the store
+// to wrap in its [Error]. For store implementers.
+func ValidateGroupCursorArgs(topic, group string, queue int) error {
+	if err := ValidateTopicCursorsArgs(topic, queue); err != nil {
 		return err
 	}
 	if group == "" || len(group) > 255 {
@@ -137,7 +141,7 @@ func ValidateCursorArgs(topic, group string, queue int) error {
 
 // Load implements [CursorStore].
 func (s *MemoryCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ValidateCursorArgs(topic, group, queues); err != nil {
+	if err := ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, &Error{Op: "load cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
@@ -177,7 +181,7 @@ func (s *MemoryCursorStore) CommitFenced(ctx context.Context, topic, group strin
 }
 
 func (s *MemoryCursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
-	if err := ValidateCursorArgs(topic, group, queue); err != nil {
+	if err := ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return &Error{Op: "commit cursor", Err: err}
 	}
 	if offset < 0 {
@@ -226,7 +230,7 @@ func (s *MemoryCursorStore) commitLocked(c *memCursor, topic, group string, queu
 }
 
 // slot returns queue's cursor of group on topic, for commitSlot; the
-// arguments must be valid (see ValidateCursorArgs).
+// arguments must be valid (see ValidateGroupCursorArgs).
 func (s *MemoryCursorStore) slot(topic, group string, queue int) *cursorSlot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -254,7 +258,7 @@ func (sl *cursorSlot) commit(offset int64, token uint64) error {
 
 // Cursors implements [CursorGroups].
 func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues int) (Cursors, error) {
-	if err := ValidateCursorsArgs(topic, queues); err != nil {
+	if err := ValidateTopicCursorsArgs(topic, queues); err != nil {
 		return Cursors{}, &Error{Op: "list cursors", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
@@ -274,7 +278,7 @@ func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues in
 
 // Forget implements [CursorGroups].
 func (s *MemoryCursorStore) Forget(ctx context.Context, topic, group string) error {
-	if err := ValidateCursorArgs(topic, group, 0); err != nil {
+	if err := ValidateGroupCursorArgs(topic, group, 0); err != nil {
 		return &Error{Op: "forget cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {

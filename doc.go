@@ -106,6 +106,33 @@
 // others ([SharedStorage]), and [Block] release counts every group with
 // a cursor in the store ([CursorGroups]).
 //
+// # For store and coordinator implementers
+//
+// A user needs none of what follows; an author of a [Storage],
+// [CursorStore] or [Coordinator] needs all of it, as a database/sql
+// driver's author needs database/sql/driver:
+//
+//   - the seams' contracts: [WritableQueue], [ReadableQueue], [Queue],
+//     [Storage], [CursorStore], [Coordinator], [Session], [Lease],
+//     [GroupKey], [Clock] and [Timer];
+//   - the optional interfaces the broker finds by type assertion:
+//     [TryWriter] and [Releaser] on a queue, [SharedStorage] and
+//     [TopicDeleter] on a storage, [CursorGroups] (with [Cursor] and
+//     [Cursors]) and [FencedCursorStore] on a cursor store;
+//   - the checks every implementation shares: [ValidateTopicName],
+//     [ValidateGroupCursorArgs] and [ValidateTopicCursorsArgs], and
+//     [NewMessageID] for messages a store makes itself;
+//   - errors: an implementation returns an [*Error] whose Op starts with
+//     its own name ("mystore: write orders[1]"), wrapping the sentinel
+//     its contract names;
+//   - package codec, the binary encoding of a message, and package
+//     ferrytest, whose conformance suites every implementation runs.
+//
+// These stay in package ferry, not in a package of their own as
+// database/sql/driver is, because the broker's own options take the seam
+// types (WithStorage takes a Storage) and its type assertions need the
+// optional interfaces: a split would make two definitions of each.
+//
 // # Errors
 //
 // Errors wrap the sentinels of errors.go ([ErrClosed], [ErrTopicNotFound],

@@ -264,7 +264,7 @@ func newConsumerConfig(group, topic string, opts []ConsumerOption) (*consumerCon
 	if c.deadLetter == "" {
 		c.deadLetter = "%DLQ%" + group
 	}
-	if err := ValidateCursorArgs(topic, group, 0); err != nil {
+	if err := ValidateGroupCursorArgs(topic, group, 0); err != nil {
 		return nil, err
 	}
 	switch {

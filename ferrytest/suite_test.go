@@ -324,7 +324,7 @@ func cursorKey(topic, group string, queue int) string {
 }
 
 func (s *persistentCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, err
 	}
 	if s.closed.Load() {
@@ -344,7 +344,7 @@ func (s *persistentCursorStore) Load(ctx context.Context, topic, group string, q
 }
 
 func (s *persistentCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return err
 	}
 	if offset < 0 {
@@ -371,14 +371,14 @@ type truncatedCursorStore struct{ *persistentCursorStore }
 func cut8(s string) string { return s[:min(len(s), 8)] }
 
 func (s truncatedCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, err
 	}
 	return s.persistentCursorStore.Load(ctx, cut8(topic), cut8(group), queues)
 }
 
 func (s truncatedCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return err
 	}
 	return s.persistentCursorStore.Commit(ctx, cut8(topic), cut8(group), queue, offset)
@@ -400,7 +400,7 @@ func (s byteQueueCursorStore) Load(ctx context.Context, topic, group string, que
 }
 
 func (s byteQueueCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return err
 	}
 	return s.persistentCursorStore.Commit(ctx, topic, group, int(byte(queue)), offset)

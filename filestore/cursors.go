@@ -167,7 +167,7 @@ func decodeCursorFile(b []byte, id [16]byte, legacy bool, m map[cursorKey]int64)
 		}
 		queue, off := int(binary.LittleEndian.Uint32(b)), int64(binary.LittleEndian.Uint64(b[4:]))
 		b = b[12:]
-		if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil || off < 0 {
+		if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil || off < 0 {
 			return v1, fmt.Errorf("%w: cursor file: entry %d (%q, %q, %d, %d)", ferry.ErrCorrupt, i, topic, group, queue, off)
 		}
 		m[cursorKey{topic, group, queue}] = off
@@ -255,7 +255,7 @@ func (c *cursorStore) flush(durable bool) {
 }
 
 func (c *cursorStore) load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
@@ -278,7 +278,7 @@ func (c *cursorStore) load(ctx context.Context, topic, group string, queues int)
 }
 
 func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
 	if offset < 0 {
@@ -372,7 +372,7 @@ func (st *Store) CommitFenced(ctx context.Context, topic, group string, queue in
 
 // cursors lists every group's cursor on topic.
 func (c *cursorStore) cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
-	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
+	if err := ferry.ValidateTopicCursorsArgs(topic, queues); err != nil {
 		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
@@ -405,7 +405,7 @@ func (c *cursorStore) cursors(ctx context.Context, topic string, queues int) (fe
 
 // forget deletes group's cursors on topic, durably as commit does.
 func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
-	if err := ferry.ValidateCursorArgs(topic, group, 0); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, 0); err != nil {
 		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {

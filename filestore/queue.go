@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 )
 
 // queue is a file-backed [ferry.Queue]: a folder of segments, a writer
@@ -188,7 +189,7 @@ const maxCodecGrowth = 20
 // adds to its Size, its Topic and its Origin's two strings: version, ID,
 // queue, offset, two times, five string lengths and two counts, each
 // varint at most 10 bytes. A message that fits with it needs no exact
-// EncodedSize.
+// codec.Size.
 const maxCodecFixed = 1 + 16 + 4*10 + 5*10 + 2*10
 
 func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bool) (int64, error) {
@@ -199,7 +200,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 		}
 		ms, limit := m.Size(), q.cfg.maxFrameBytes-frameHeader
 		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornAddress())+len(m.Producer())+maxCodecFixed+maxCodecGrowth > limit {
-			if n := ferry.EncodedSize(m) + maxCodecGrowth; n > limit {
+			if n := codec.Size(m) + maxCodecGrowth; n > limit {
 				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s: message %d", q.id, i), Err: fmt.Errorf("%w: %d bytes encoded, a frame holds %d", ferry.ErrMessageTooLarge, n, limit)}
 			}
 		}

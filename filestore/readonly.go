@@ -297,7 +297,7 @@ func (st *ReadOnlyStore) readCursors() (map[cursorKey]int64, error) {
 
 // Load implements [ferry.CursorStore], reading the cursor file.
 func (st *ReadOnlyStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	if err := st.check(ctx); err != nil {
@@ -320,7 +320,7 @@ func (st *ReadOnlyStore) Load(ctx context.Context, topic, group string, queues i
 
 // Cursors implements [ferry.CursorGroups], reading the cursor file.
 func (st *ReadOnlyStore) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
-	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
+	if err := ferry.ValidateTopicCursorsArgs(topic, queues); err != nil {
 		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	if err := st.check(ctx); err != nil {

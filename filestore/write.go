@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 )
 
 // run is the writer goroutine: it commits the writes sent to it (every
@@ -245,7 +246,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 		m.Offset = off
 		m.StoreUnixNano = nowNano
 		off++
-		q.enc = ferry.AppendEncode(q.enc, m)
+		q.enc = codec.Append(q.enc, m)
 		q.ends = append(q.ends, len(q.enc))
 	}
 

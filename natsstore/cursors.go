@@ -49,7 +49,7 @@ func parseCursorKey(key string) (group string, q int, ok bool) {
 
 // Load implements [ferry.CursorStore]: one watch of the group's keys.
 func (s *Store) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: err}
 	}
 	if s.isClosed() {
@@ -93,7 +93,7 @@ func (s *Store) CommitFenced(ctx context.Context, topic, group string, queue int
 }
 
 func (s *Store) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
 	}
 	if offset < 0 {
@@ -151,7 +151,7 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 
 // Cursors implements [ferry.CursorGroups]: one watch of the topic's keys.
 func (s *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
-	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
+	if err := ferry.ValidateTopicCursorsArgs(topic, queues); err != nil {
 		return ferry.Cursors{}, &ferry.Error{Op: "natsstore: list cursors", Err: err}
 	}
 	if s.isClosed() {
@@ -200,7 +200,7 @@ func addCursor(out ferry.Cursors, e jetstream.KeyValueEntry, queues int) error {
 // Forget implements [ferry.CursorGroups]: it purges the group's keys of
 // the topic, tokens included.
 func (s *Store) Forget(ctx context.Context, topic, group string) error {
-	if err := ferry.ValidateCursorArgs(topic, group, 0); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, 0); err != nil {
 		return &ferry.Error{Op: "natsstore: forget cursor", Err: err}
 	}
 	if s.isClosed() {

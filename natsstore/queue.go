@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
@@ -377,7 +378,7 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 			}
 			break
 		}
-		m, _, err := ferry.Decode(raw.Data)
+		m, _, err := codec.Decode(raw.Data)
 		if err != nil {
 			return n, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d", q.id, off), Err: err}
 		}
@@ -465,7 +466,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 	out := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
 		m.Queue, m.Offset, m.StoreUnixNano = q.id.Queue, 0, now.UnixNano()
-		out[i] = &nats.Msg{Subject: q.subject, Header: nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}, Data: ferry.AppendEncode(nil, m)}
+		out[i] = &nats.Msg{Subject: q.subject, Header: nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}, Data: codec.Append(nil, m)}
 	}
 	for {
 		tctx, tcancel := context.WithTimeout(ctx, q.s.cfg.opTimeout) // one try
@@ -581,7 +582,7 @@ func (q *queue) find(ctx context.Context, id ferry.MessageID, from jetstreamext.
 			}
 			got++
 			if raw.Header.Get(jetstream.MsgIDHeader) == want {
-				m, _, err := ferry.Decode(raw.Data)
+				m, _, err := codec.Decode(raw.Data)
 				if err != nil {
 					return 0, 0, err
 				}
