@@ -14,8 +14,9 @@ import (
 	"github.com/ferrymq/ferry/filestore"
 )
 
-// TestVerifyLiveStore runs Verify again and again while the owner
-// writes, under each sync policy: the end of a live active segment
+// TestVerifyLiveStore runs Verify, and a read-only store's Segments,
+// again and again while the owner writes, and a read-only reader follows
+// the writes, under each sync policy: the end of a live active segment
 // (space reserved ahead of the writes, a write in progress, a frame
 // written while the reader scans on) is never damage, whatever moment
 // the reader looks at. Writers on two queues write batches of 1 to 7
@@ -29,6 +30,7 @@ func TestVerifyLiveStore(t *testing.T) {
 			meta := ferry.TopicMeta{Name: "t", Queues: 2, Retention: ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited}}
 			w := open(t, dir, filestore.WithSync(p), filestore.WithSegmentBytes(256<<10))
 			require.NoError(t, w.SaveTopic(ctx, meta))
+			ro := openRO(t, dir)
 
 			const perQueue = 3000
 			var wg sync.WaitGroup
@@ -63,14 +65,38 @@ func TestVerifyLiveStore(t *testing.T) {
 					}
 				}()
 			}
+			rq, err := ro.OpenQueue(ctx, meta, 1)
+			require.NoError(t, err)
+			followed := make(chan error, 1)
+			go func() { // a reader following queue 1 (ended by ro's Close at worst)
+				dst := make([]*ferry.EnhancedMessage, 64)
+				for off := int64(0); off < perQueue; {
+					n, err := rq.Read(ctx, off, dst)
+					if err != nil {
+						followed <- err
+						return
+					}
+					off += int64(n)
+				}
+				followed <- nil
+			}()
+
 			for runs := 0; runs < 10 || written.Load() < int64(meta.Queues*perQueue); runs++ {
 				rep, err := filestore.Verify(dir)
 				require.NoError(t, err)
 				for _, pr := range rep.Problems {
 					require.False(t, pr.Damage, "verify run %d, %d messages written: %v", runs, written.Load(), rep.Problems)
 				}
+				for i := range meta.Queues {
+					segs, err := ro.Segments(ctx, "t", i)
+					require.NoError(t, err)
+					for _, s := range segs {
+						require.False(t, s.Damage, "run %d: %s: %v", runs, s.File, s.TailErr)
+					}
+				}
 			}
 			halt()
+			require.NoError(t, <-followed, "the reader followed the writer to the end")
 			require.NoError(t, w.Close())
 			rep, err := filestore.Verify(dir)
 			require.NoError(t, err)
