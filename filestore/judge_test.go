@@ -119,3 +119,21 @@ func TestTailJudgedAlike(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyNoClampPastDamage: a cursor past damage in a newest segment
+// is not reported as one Open clamps (Open refuses the store, it clamps
+// nothing), nor is the queue's range taken to end at the damage.
+func TestVerifyNoClampPastDamage(t *testing.T) {
+	dir := t.TempDir()
+	all := fillStore(t, dir)
+	st, err := filestore.Open(dir, corruptOptions()...)
+	require.NoError(t, err)
+	require.NoError(t, st.Commit(context.Background(), "t", "g", 0, int64(len(all))))
+	require.NoError(t, st.Close())
+	segs := segments(t, dir)
+	flipByte(t, segs[len(segs)-1], 40)
+	rep, err := filestore.Verify(dir, corruptOptions()...)
+	require.NoError(t, err)
+	require.Len(t, rep.Problems, 1, "%v", rep.Problems)
+	assert.True(t, rep.Problems[0].Damage)
+}

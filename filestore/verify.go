@@ -90,7 +90,8 @@ type verifier struct {
 	st  *ReadOnlyStore
 	r   *VerifyReport
 	buf []byte
-	// next offset of each queue, for the cursors
+	// oldest and next offset of each queue, for the cursors; none for a
+	// queue whose newest segment is damaged
 	ranges map[ferry.QueueID][2]int64
 }
 
@@ -146,6 +147,7 @@ func (v *verifier) queue(id ferry.QueueID, qdir string) error {
 	cfg := &v.st.cfg
 	var prev *segment
 	var oldest int64 = -1
+	damaged := false // the queue's range is not known past damage
 	for i, base := range bases {
 		newest := i == len(bases)-1
 		s := &segment{name: segmentName(qdir, base), base: base, next: base}
@@ -188,7 +190,7 @@ func (v *verifier) queue(id ferry.QueueID, qdir string) error {
 				return serr
 			case t != nil && t.kind == tailDamage:
 				v.problem(s.name, t.at, true, "%v; %s (Open refuses the store; Open WithRepair cuts the segment there)", t.err, t.what())
-				serr = t.err
+				serr, damaged = t.err, true
 			case t != nil:
 				v.r.Problems = append(v.r.Problems, Problem{File: s.name, Offset: t.at, TornTail: true,
 					Err: fmt.Sprintf("torn tail of %d bytes after the last frame (space reserved or a write in progress while the owner runs; Open cuts it): %v", size-t.at, t.err)})
@@ -242,9 +244,11 @@ func (v *verifier) queue(id ferry.QueueID, qdir string) error {
 		}
 		prev = s
 	}
-	if prev != nil {
+	switch {
+	case damaged: // Open refuses the store: no cursor is clamped
+	case prev != nil:
 		v.ranges[id] = [2]int64{oldest, prev.next}
-	} else {
+	default:
 		v.ranges[id] = [2]int64{0, 0}
 	}
 	return nil
