@@ -24,9 +24,13 @@
 // [OpenReadOnly] opens a directory that another process (or this one)
 // holds, for inspection: it takes no lock, writes, creates and cuts
 // nothing, and follows the owner's appends, roll-overs and retention by
-// reading the files again; a torn last frame is just the end. Its writes
-// are [ErrReadOnly]. [Verify] checks every file of a directory the same
-// way. See [ReadOnlyStore].
+// reading the files again. It tells the end of a newest segment as Open
+// does (see Recovery), and tells the owner's writes in progress from
+// either: a torn tail, or space reserved and a write in progress while
+// the owner runs, is just the end; damage, which the owner's next Open
+// refuses, is [ferry.ErrCorrupt] naming the file and byte. Its writes are
+// [ErrReadOnly]. [Verify] checks every file of a directory the same way,
+// and may run while the owner writes. See [ReadOnlyStore].
 //
 // # Frames
 //

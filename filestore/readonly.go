@@ -27,10 +27,19 @@ import (
 //   - A queue from OpenQueue lists its segment files at each Offsets, and
 //     at each Read that needs to, and reads each segment's frames from
 //     where it last stopped, so it sees the owner's appends, roll-overs
-//     and retention. A bad frame at the end of the newest segment (a write
-//     in progress, space reserved and not yet written, a torn tail) is
-//     just the end, looked at again next time. Sealed segments are read
-//     through their index when it passes its checks, scanned otherwise.
+//     and retention. What follows the last intact frame of the newest
+//     segment is judged as Open judges it, telling the owner's writes in
+//     progress from either (see [Verify]): a torn tail (space reserved
+//     and not yet written, a write in progress, a crash's torn tail) is
+//     just the end, looked at again next time; damage (a bad frame with
+//     intact ones after it), which the owner's next Open refuses, is
+//     [ferry.ErrCorrupt] for a Read at or beyond it, naming the file and
+//     byte, and [SegmentInfo].Damage. Judging reads the rest of the file,
+//     so it is done when a caller needs it: at Segments, at a Read beyond
+//     the end, and at a Read at the end once the tail has not moved
+//     between two looks. Sealed segments are read through their index
+//     when it passes its checks, scanned otherwise; a bad frame in one
+//     is damage.
 //     Read blocks, polling the files every 50 ms, until a message is
 //     there, ctx is done or the store is closed.
 //   - Load and Cursors read the cursor file, which the owner replaces
@@ -241,9 +250,16 @@ type SegmentInfo struct {
 	// Tail is what follows the intact frames (Bytes - Frames bytes): in
 	// the newest segment, space reserved ahead of writes or a write in
 	// progress while the owner runs, or a torn tail that the owner's next
-	// Open cuts; in a sealed one, damage. TailErr says what was wrong
-	// with the first bad frame, nil when the file ends there.
+	// Open cuts, unless Damage; in a sealed one, damage. TailErr says
+	// what was wrong with the first bad frame, nil when the file ends
+	// there.
 	TailErr error
+	// Damage is set when the tail is damage, not a torn tail, judged as
+	// Open and [Verify] judge it: in the newest segment, a bad frame with
+	// intact ones after it (the owner's next Open refuses the store); in
+	// a sealed one, any bad frame. TailErr then wraps
+	// [ferry.ErrCorrupt], naming the file and byte.
+	Damage bool
 }
 
 // Segments returns the segment files of queue queue of topic, oldest
@@ -255,14 +271,17 @@ func (st *ReadOnlyStore) Segments(ctx context.Context, topic string, queue int) 
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if err := q.refresh(); err != nil {
+	if err := q.refresh(judgeNow); err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: segments %s", q.id), Err: err}
 	}
 	out := make([]SegmentInfo, len(q.segs))
 	for i, s := range q.segs {
 		out[i] = SegmentInfo{
 			File: s.name, Base: s.base, Next: s.next, Bytes: s.fileSize, Frames: s.size, IndexBytes: s.indexSize,
-			Sealed: i < len(q.segs)-1, TailErr: s.bad,
+			Sealed: i < len(q.segs)-1, TailErr: s.bad, Damage: s.damage != nil,
+		}
+		if s.damage != nil {
+			out[i].TailErr = s.damage
 		}
 		if s.firstTime != 0 {
 			out[i].FirstTime, out[i].LastTime = time.Unix(0, s.firstTime), time.Unix(0, s.lastTime)
@@ -383,20 +402,50 @@ type roQueue struct {
 	dir string
 	key frameKey
 
-	mu     sync.Mutex // guards segs and closed, and serializes refresh
+	mu     sync.Mutex // guards segs, buf and closed, and serializes refresh
 	segs   []*roSegment
+	buf    []byte // the scan buffer
 	closed bool
 }
 
 // roSegment is what a [ReadOnlyStore] read of a segment file: the
 // accounting of its intact frames (segment's fields, f nil), the file's
-// length then and the error of the frame after the last intact one.
+// length then, the error of the frame after the last intact one and what
+// that is.
 type roSegment struct {
 	segment
 	fileSize  int64
 	indexSize int64
-	bad       error
+	bad       error // what is wrong with the frame at size; nil when the file ends there
+	// damage is bad, judged damage (any bad frame of a sealed segment;
+	// in the newest one, see judgeTail), naming the file and byte; nil
+	// for a torn tail, or while the newest segment's is not judged.
+	damage error
+	// The newest segment's bad frame is judged when asked for
+	// (judgeWhen), and the judgement kept for as long as its position,
+	// the file's length and its modification time stay the same
+	// (judged). lastAt is the bad frame's position at the last look (-1:
+	// none), to tell a tail that stalled from one being written.
+	judged   tailKey
+	isJudged bool
+	lastAt   int64
 }
+
+// tailKey is what a judgement of a newest segment's tail holds for.
+type tailKey struct {
+	at, size, mtime int64
+}
+
+// judgeWhen says when a read-only queue judges the bad frame ending its
+// newest segment (see judgeTail), which reads the rest of the file: only
+// when a caller needs to know.
+type judgeWhen int
+
+const (
+	judgeNever   judgeWhen = iota // Offsets: the frames only
+	judgeStalled                  // a Read at the end: once the bad frame stayed where it was since the last look
+	judgeNow                      // Segments, a Read beyond the end
+)
 
 // ID implements [ferry.Queue].
 func (q *roQueue) ID() ferry.QueueID { return q.id }
@@ -430,7 +479,7 @@ func (q *roQueue) Offsets() (oldest, next int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if !q.closed {
-		if err := q.refresh(); err != nil {
+		if err := q.refresh(judgeNever); err != nil {
 			q.st.cfg.log.Warn("ferry: filestore: read-only refresh", "queue", q.id.String(), "err", err)
 		}
 	}
@@ -464,7 +513,11 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ferry.ErrClosed}
 		}
 		if _, next := q.bounds(); offset >= next || fresh {
-			if err := q.refresh(); err != nil {
+			when := judgeStalled
+			if fresh {
+				when = judgeNow
+			}
+			if err := q.refresh(when); err != nil {
 				q.mu.Unlock()
 				if q.st.isClosed() {
 					return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ferry.ErrClosed}
@@ -473,6 +526,12 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 			}
 		}
 		oldest, next := q.bounds()
+		if offset >= next && len(q.segs) > 0 && q.segs[len(q.segs)-1].damage != nil {
+			// The offsets from next on lie beyond damage.
+			err := q.segs[len(q.segs)-1].damage
+			q.mu.Unlock()
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
+		}
 		if offset < oldest || offset > next {
 			q.mu.Unlock()
 			if !fresh { // retention may have moved on since
@@ -484,12 +543,21 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 		if offset < next {
 			i := sortSearchSegs(segsOf(q.segs), offset)
 			if i < 0 { // a gap between segments: damage
+				err := fmt.Errorf("%w: no segment holds it", ferry.ErrCorrupt)
+				for _, s := range q.segs {
+					if s.base <= offset && s.damage != nil {
+						err = s.damage
+					}
+				}
 				q.mu.Unlock()
-				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: fmt.Errorf("%w: no segment holds it", ferry.ErrCorrupt)}
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
 			}
 			s := q.segs[i]
 			name, e, size, sealed := s.name, s.lookup(offset), s.size, i < len(q.segs)-1
 			bad := s.bad
+			if s.damage != nil {
+				bad = s.damage
+			}
 			q.mu.Unlock()
 			n, err := q.readFile(name, e, offset, size, dst)
 			if errors.Is(err, fs.ErrNotExist) && !fresh { // deleted by retention
@@ -503,7 +571,7 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
 			}
 			if n == 0 && sealed && bad != nil {
-				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: fmt.Errorf("%w (%s at byte %d)", bad, name, size)}
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: bad}
 			}
 			if n > 0 {
 				return n, nil
@@ -580,8 +648,9 @@ func (q *roQueue) readFile(name string, e indexEntry, offset, limit int64, dst [
 }
 
 // refresh lists the queue's segment files and reads each from where it
-// last stopped to its end. q.mu must be held.
-func (q *roQueue) refresh() error {
+// last stopped to its end, judging the newest one's tail as when says.
+// q.mu must be held.
+func (q *roQueue) refresh(when judgeWhen) error {
 	entries, err := fs.ReadDir(q.st.root.FS(), q.dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		q.segs = nil
@@ -600,9 +669,10 @@ func (q *roQueue) refresh() error {
 		s, ok := known[base]
 		if !ok {
 			name := segmentName(q.dir, base)
-			s = &roSegment{segment: segment{name: name, base: base, next: base}}
+			s = &roSegment{segment: segment{name: name, base: base, next: base}, lastAt: -1}
 		}
-		gone, err := q.readSegment(s, !ok && i < len(bases)-1 && indexes[base])
+		newest := i == len(bases)-1
+		gone, err := q.readSegment(s, !ok && !newest && indexes[base], newest, when)
 		if err != nil {
 			return err
 		}
@@ -623,9 +693,12 @@ func (q *roQueue) refresh() error {
 }
 
 // readSegment reads s's file on from s.size, or through its index when
-// useIndex and the index passes its checks. gone reports a file that no
-// longer exists.
-func (q *roQueue) readSegment(s *roSegment, useIndex bool) (gone bool, err error) {
+// useIndex and the index passes its checks. A bad frame in a sealed
+// segment is damage; in the newest one (newest), it is judged as Open
+// judges it (judgeTail) when when says so, and the judgement kept while
+// the file stays as it was. gone reports a file that no longer exists.
+// q.mu must be held.
+func (q *roQueue) readSegment(s *roSegment, useIndex, newest bool, when judgeWhen) (gone bool, err error) {
 	f, err := q.st.root.Open(s.name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return true, nil
@@ -645,28 +718,53 @@ func (q *roQueue) readSegment(s *roSegment, useIndex bool) (gone bool, err error
 		chk := segment{name: s.name, base: s.base, next: s.base}
 		if err == nil && decodeIndex(&chk, b, size, q.key) == nil {
 			s.segment = chk
-			s.bad = nil
+			s.bad, s.damage = nil, nil
 			return false, nil
 		}
 	}
 	if size < s.size { // cut (by a repair): read it again from the start
 		s.segment = segment{name: s.name, base: s.base, next: s.base}
 	}
-	sc := newFrameScanner(f, s.size, size, q.st.cfg.maxFrameBytes, q.key)
-	sc.bufSize = 64 << 10
-	s.bad = nil
+	if q.buf == nil {
+		q.buf = make([]byte, 64<<10)
+	}
+	cfg := &q.st.cfg
 	for {
-		fi, _, err := sc.next()
-		if errors.Is(err, io.EOF) {
+		pos, err := scanSegment(f, &s.segment, size, cfg.maxFrameBytes, cfg.indexInterval, q.key, &q.buf, nil)
+		if err != nil && !isCorrupt(err) {
+			return false, fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
+		}
+		s.bad = err
+		switch {
+		case err == nil:
+			s.damage, s.isJudged, s.lastAt = nil, false, -1
+			return false, nil
+		case !newest:
+			s.damage = fmt.Errorf("%w (%s at byte %d of %d, a sealed segment: damage; messages from offset %d on cannot be read)", err, s.name, pos, size, s.next)
 			return false, nil
 		}
-		if err == nil && fi.base != s.next {
-			err = fmt.Errorf("%w: frame holds offset %d, want %d", errBadFrame, fi.base, s.next)
+		key := tailKey{at: pos, size: size, mtime: fi.ModTime().UnixNano()}
+		stalled := pos == s.lastAt
+		s.lastAt = pos
+		if s.isJudged && s.judged == key {
+			return false, nil
 		}
+		s.damage, s.isJudged = nil, false
+		if when == judgeNever || when == judgeStalled && !stalled {
+			return false, nil
+		}
+		v, err := judgeTail(f, pos, size, s.next, err, cfg.maxFrameBytes, q.key)
 		if err != nil {
-			s.bad = err
-			return false, nil
+			return false, fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
 		}
-		s.add(fi, q.st.cfg.indexInterval)
+		if v.kind == tailMoved { // written meanwhile: read on
+			s.add(v.fi, cfg.indexInterval)
+			continue
+		}
+		s.judged, s.isJudged = key, true
+		if v.kind == tailDamage {
+			s.damage = fmt.Errorf("%w (%s at byte %d of %d; %s: the owner's next Open refuses the store)", v.err, s.name, pos, size, v.what())
+		}
+		return false, nil
 	}
 }

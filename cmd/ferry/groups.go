@@ -47,8 +47,21 @@ func lagOf(topic, group string, committed []int64, offsets [][2]int64) groupLag 
 	return g
 }
 
-// queueOffsets returns each queue's oldest and next offsets.
-func queueOffsets(ctx context.Context, st ferry.Storage, meta ferry.TopicMeta) ([][2]int64, error) {
+// queueOffsets returns each queue's oldest and next offsets, or the
+// damage of a queue (see queueDamage), whose next offset would be the
+// damage's.
+func queueOffsets(ctx context.Context, st readStore, meta ferry.TopicMeta) ([][2]int64, error) {
+	for i := range meta.Queues {
+		if err := queueDamage(ctx, st, meta, i); err != nil {
+			return nil, err
+		}
+	}
+	return offsetsOf(ctx, st, meta)
+}
+
+// offsetsOf returns each queue's oldest and next offsets as its Offsets
+// says.
+func offsetsOf(ctx context.Context, st ferry.Storage, meta ferry.TopicMeta) ([][2]int64, error) {
 	out := make([][2]int64, meta.Queues)
 	for i := range out {
 		q, err := st.OpenQueue(ctx, meta, i)
