@@ -65,11 +65,12 @@ func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
 	return out, nil
 }
 
-// Lag returns the progress of group on topic. A group with neither a
+// Lag returns the progress of group on topic (group first, as in every
+// call of the package that takes both). A group with neither a
 // committed cursor nor a live member there is [ErrGroupNotFound]; a live
 // group that has committed nothing on a queue has every retained message
 // of it to go. Other errors as [Broker.Groups].
-func (b *Broker) Lag(ctx context.Context, topic, group string) (GroupLag, error) {
+func (b *Broker) Lag(ctx context.Context, group, topic string) (GroupLag, error) {
 	t, _, err := b.adminTopic(topic)
 	if err != nil {
 		return GroupLag{}, errorf("ferry: lag: %w", err)

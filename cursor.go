@@ -24,7 +24,8 @@ type Cursors struct {
 // CursorStore is where cursors persist.
 //
 // Implementations must be safe for concurrent use. After Close every method
-// but Close returns [ErrClosed]; Close is idempotent.
+// but Close returns [ErrClosed]; Close is idempotent. The seam takes topic
+// before group; user calls take group first.
 type CursorStore interface {
 	// Load returns one next-offset per queue (queues of them) of topic for
 	// group; -1 where nothing was committed. An invalid topic name or a
@@ -46,7 +47,8 @@ type CursorStore interface {
 // only the groups this broker has seen consume hold back Block queues.
 //
 // Implementations must be safe for concurrent use; after Close both
-// methods return [ErrClosed].
+// methods return [ErrClosed]. The seam takes topic before group; user
+// calls take group first.
 type CursorGroups interface {
 	// Cursors returns the cursor of every group with a commit on topic,
 	// each with queues offsets (-1 for a queue with no commit). An
@@ -68,7 +70,8 @@ type CursorGroups interface {
 // ErrFenced as the loss of its lease. A plain Commit (an operator's
 // reset, say) leaves the token as it is. A store that wraps another
 // store with this interface (to count or delay commits, say) must wrap
-// CommitFenced too, or the consumer's commits bypass its Commit.
+// CommitFenced too, or the consumer's commits bypass its Commit. The seam
+// takes topic before group; user calls take group first.
 type FencedCursorStore interface {
 	CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error
 }
@@ -125,6 +128,7 @@ func NewMemoryCursorStore() *MemoryCursorStore {
 // ValidateCursorArgs checks the arguments CursorStore implementations share:
 // a valid topic name, a group name of 1 to 255 bytes and a queue count or
 // index in range. Errors wrap [ErrInvalidTopic] or [ErrInvalidOption].
+// The seam takes topic before group; user calls take group first.
 func ValidateCursorArgs(topic, group string, queue int) error {
 	if err := ValidateCursorsArgs(topic, queue); err != nil {
 		return err

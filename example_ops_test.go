@@ -20,7 +20,7 @@ func ExampleBroker_Lag() {
 		_, _ = p.Send(ctx, &ferry.Message{Topic: "orders", Body: []byte("x")})
 	}
 	_, _ = b.ResetGroup(ctx, "billing", "orders", ferry.ResetToOffsets(map[int]int64{0: 3}))
-	lag, _ := b.Lag(ctx, "orders", "billing")
+	lag, _ := b.Lag(ctx, "billing", "orders")
 	for _, q := range lag.Queues {
 		fmt.Printf("%s committed %d next %d lag %d\n", q.Queue, q.Committed, q.Next, q.Lag)
 	}

@@ -46,7 +46,7 @@ func TestDeleteTopic(t *testing.T) {
 
 			// The name can be used again, from scratch.
 			require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "t", Queues: 1}))
-			_, err = b.Lag(ctx, "t", "g")
+			_, err = b.Lag(ctx, "g", "t")
 			require.ErrorIs(t, err, ferry.ErrGroupNotFound, "the old group's cursors are gone")
 		})
 	}
