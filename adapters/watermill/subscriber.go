@@ -278,7 +278,8 @@ func (sub *subscription) run() {
 	if sub.ephemeral {
 		// Nobody comes back to this group: it must not hold back a topic
 		// with Block overflow. Its cursor stays in the cursor store.
-		if err := sub.b.ForgetGroup(sub.group, sub.topic); err != nil && !errors.Is(err, ferry.ErrClosed) {
+		// sub.ctx is done: what it carries goes on, not its end.
+		if err := sub.b.ForgetGroup(context.WithoutCancel(sub.ctx), sub.group, sub.topic); err != nil && !errors.Is(err, ferry.ErrClosed) {
 			sub.log.Error("ferrywm: forgetting the subscription's group", err, watermill.LogFields{"topic": sub.topic, "group": sub.group})
 		}
 	}
