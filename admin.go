@@ -45,6 +45,9 @@ type GroupLag struct {
 // as the memory and file stores are; over another store it is
 // [ErrInvalidOption]. An unknown topic is [ErrTopicNotFound].
 func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, errorf("ferry: groups: %w", err)
+	}
 	t, cg, err := b.adminTopic(topic)
 	if err != nil {
 		return nil, errorf("ferry: groups: %w", err)
@@ -71,6 +74,9 @@ func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
 // group that has committed nothing on a queue has every retained message
 // of it to go. Other errors as [Broker.Groups].
 func (b *Broker) Lag(ctx context.Context, group, topic string) (GroupLag, error) {
+	if err := checkContext(ctx); err != nil {
+		return GroupLag{}, errorf("ferry: lag: %w", err)
+	}
 	t, _, err := b.adminTopic(topic)
 	if err != nil {
 		return GroupLag{}, errorf("ferry: lag: %w", err)
@@ -182,6 +188,9 @@ func (b *Broker) ResetGroup(ctx context.Context, group, topic string, to ResetTo
 }
 
 func (b *Broker) resetGroup(ctx context.Context, group, topic string, to ResetTo) ([]int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, err
+	}
 	if group == "" || len(group) > 255 {
 		return nil, fmt.Errorf("%w: group name of %d bytes", ErrInvalidOption, len(group))
 	}
@@ -270,6 +279,9 @@ func offsetAtTime(ctx context.Context, q Queue, at time.Time, oldest, next int64
 
 // seek moves the member's held queues as to says (see [Consumer.Seek]).
 func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	if to.kind == 0 {
 		return fmt.Errorf("%w: a zero ResetTo", ErrInvalidOption)
 	}
@@ -358,6 +370,9 @@ func (b *Broker) DeleteTopic(ctx context.Context, name string, force bool) error
 }
 
 func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	t, err := b.topic(name)
 	if err != nil {
 		return err
@@ -427,6 +442,9 @@ func (b *Broker) AddQueues(ctx context.Context, topic string, queues int) error 
 }
 
 func (b *Broker) addQueues(ctx context.Context, name string, queues int) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	t, err := b.topic(name)
 	if err != nil {
 		return err

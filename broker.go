@@ -141,6 +141,9 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 // different metadata for an existing name is [ErrTopicExists]; invalid
 // metadata is [ErrInvalidTopic].
 func (b *Broker) CreateTopic(ctx context.Context, meta TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: create topic: %w", err)
+	}
 	if err := meta.Validate(); err != nil {
 		return errorf("ferry: create topic: %w", err)
 	}
@@ -329,6 +332,9 @@ func (b *Broker) Queue(topic string, i int) (ReadableQueue, error) {
 // retries waiting in it, is deleted too, where the storage can. ctx bounds
 // the calls to the coordinator, the cursor store and the storage.
 func (b *Broker) ForgetGroup(ctx context.Context, group, topic string) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: forget group: %w", err)
+	}
 	t, err := b.topic(topic)
 	if err != nil {
 		return errorf("ferry: forget group: %w", err)

@@ -105,6 +105,9 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 // If the allocator's first split is broken, Start reports it (see
 // [WithOnError]) and does not wait for the locks.
 func (c *Consumer) Start(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: start consumer: %w", err)
+	}
 	if err := c.createDeadLetter(ctx); err != nil {
 		return errorf("ferry: start consumer: dead-letter topic %q: %w", c.m.cfg.deadLetter, err)
 	}

@@ -37,7 +37,8 @@ func (g GroupKey) String() string { return g.Scope + "/" + g.Topic }
 //
 // Implementations must be safe for concurrent use. After Close, Join and
 // Members return [ErrClosed] and every session ends; Close is
-// idempotent. Package ferrytest holds the conformance suite
+// idempotent. A nil ctx, here and in the methods of [Session] and
+// [Lease], is [ErrInvalidOption] and changes nothing. Package ferrytest holds the conformance suite
 // (TestCoordinator) and a fake that expires sessions and leases on demand.
 type Coordinator interface {
 	// Join adds member to group g and returns its session; every session
@@ -139,6 +140,9 @@ func validateJoin(g GroupKey, member string) error {
 
 // Join implements [Coordinator].
 func (c *MemoryCoordinator) Join(ctx context.Context, g GroupKey, member string) (Session, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, errorf("ferry: join %s: %w", g, err)
+	}
 	if err := validateJoin(g, member); err != nil {
 		return nil, errorf("ferry: join %s: %w", g, err)
 	}
@@ -196,6 +200,9 @@ func mapKeysOf[V any](m map[string]V) func(func(string) bool) {
 
 // Members implements [Coordinator].
 func (c *MemoryCoordinator) Members(ctx context.Context, g GroupKey) ([]string, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, errorf("ferry: members of %s: %w", g, err)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, errorf("ferry: members of %s: %w", g, err)
 	}
@@ -259,6 +266,9 @@ func (s *memSession) Members() []string {
 }
 
 func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, errorf("ferry: lock %s queue %d: %w", s.g, queue, err)
+	}
 	if queue < 0 || queue >= MaxQueues {
 		return nil, errorf("ferry: lock %s queue %d: %w: out of range", s.g, queue, ErrInvalidOption)
 	}
@@ -317,6 +327,9 @@ type lockTrier interface {
 }
 
 func (s *memSession) Leave(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: leave %s: %w", s.g, err)
+	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
 	s.endLocked(false)
@@ -393,6 +406,9 @@ func (l *memLease) freedLocked() chan struct{} {
 }
 
 func (l *memLease) Release(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: release %s queue %d: %w", l.k.g, l.k.q, err)
+	}
 	l.s.c.mu.Lock()
 	defer l.s.c.mu.Unlock()
 	l.freeLocked(false)

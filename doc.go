@@ -76,7 +76,9 @@
 //
 // Calls that wait take a context that bounds the call only: a Start or a
 // Poll that times out leaves its consumer running, to be closed with
-// Close, which returns what failed while closing.
+// Close, which returns what failed while closing. A nil context is bad
+// input: every call that takes one, the seams' included, returns an
+// error wrapping [ErrInvalidOption] for it.
 //
 // # Seams
 //

@@ -53,6 +53,9 @@ func (q *MemoryQueue) ID() QueueID { return q.id }
 
 // Write implements [WritableQueue].
 func (q *MemoryQueue) Write(ctx context.Context, msgs []*EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, errorf("ferry: write %s: %w", q.id, err)
+	}
 	return q.write(ctx, msgs, true, time.Time{})
 }
 
@@ -237,6 +240,9 @@ var wakePool = sync.Pool{New: func() any { return make(chan struct{}, 1) }}
 
 // Read implements [ReadableQueue].
 func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, errorf("ferry: read %s: %w", q.id, err)
+	}
 	if len(dst) == 0 {
 		return 0, nil
 	}
@@ -363,6 +369,9 @@ func NewMemoryStorage() *MemoryStorage {
 
 // OpenQueue implements [Storage].
 func (s *MemoryStorage) OpenQueue(ctx context.Context, meta TopicMeta, queue int) (Queue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, errorf("ferry: open queue: %w", err)
+	}
 	if err := meta.Validate(); err != nil {
 		return nil, errorf("ferry: open queue: %w", err)
 	}
@@ -393,6 +402,9 @@ func (s *MemoryStorage) OpenQueue(ctx context.Context, meta TopicMeta, queue int
 
 // Topics implements [Storage].
 func (s *MemoryStorage) Topics(ctx context.Context) ([]TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, errorf("ferry: topics: %w", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -408,6 +420,9 @@ func (s *MemoryStorage) Topics(ctx context.Context) ([]TopicMeta, error) {
 
 // SaveTopic implements [Storage].
 func (s *MemoryStorage) SaveTopic(ctx context.Context, meta TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: save topic: %w", err)
+	}
 	if err := meta.Validate(); err != nil {
 		return errorf("ferry: save topic: %w", err)
 	}
@@ -425,6 +440,9 @@ func (s *MemoryStorage) SaveTopic(ctx context.Context, meta TopicMeta) error {
 
 // CreateTopic implements [SharedStorage].
 func (s *MemoryStorage) CreateTopic(ctx context.Context, meta TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: create topic: %w", err)
+	}
 	if err := meta.Validate(); err != nil {
 		return errorf("ferry: create topic: %w", err)
 	}
@@ -449,6 +467,9 @@ func (s *MemoryStorage) CreateTopic(ctx context.Context, meta TopicMeta) error {
 
 // DeleteTopic implements [TopicDeleter].
 func (s *MemoryStorage) DeleteTopic(ctx context.Context, name string) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: delete topic: %w", err)
+	}
 	if err := ValidateTopicName(name); err != nil {
 		return errorf("ferry: delete topic: %w", err)
 	}
@@ -474,6 +495,9 @@ var _ TopicDeleter = (*MemoryStorage)(nil)
 
 // Topic implements [SharedStorage].
 func (s *MemoryStorage) Topic(ctx context.Context, name string) (TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return TopicMeta{}, errorf("ferry: topic: %w", err)
+	}
 	if err := ctx.Err(); err != nil {
 		return TopicMeta{}, errorf("ferry: topic: %w", err)
 	}

@@ -52,6 +52,9 @@ func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*
 // its first assignment; see [Consumer.Start]: ctx bounds only the wait,
 // never the consumer. Poll and Messages call it if needed.
 func (c *PullConsumer) Start(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: start pull consumer: %w", err)
+	}
 	if err := c.m.start(ctx, nil); err != nil {
 		return errorf("ferry: start pull consumer: %w", err)
 	}
@@ -65,6 +68,9 @@ func (c *PullConsumer) Start(ctx context.Context) error {
 // messages of earlier Polls finished. The caller owns the slice; the
 // messages are shared with other groups and must not be modified.
 func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, errorf("ferry: poll: %w", err)
+	}
 	if max < 1 {
 		return nil, errorf("ferry: poll: %w: max %d", ErrInvalidOption, max)
 	}
@@ -154,6 +160,9 @@ func (c *PullConsumer) finish(msgs []*EnhancedMessage) []*queueRun {
 // longer holds are ignored (the next owner delivers them again). After
 // Close it is [ErrClosed].
 func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) error {
+	if err := checkContext(ctx); err != nil {
+		return errorf("ferry: commit: %w", err)
+	}
 	c.m.mu.Lock()
 	closed := c.m.state == memberClosed
 	c.m.mu.Unlock()
@@ -178,6 +187,10 @@ func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) err
 // [PullConsumer.Commit].
 func (c *PullConsumer) Messages(ctx context.Context) iter.Seq2[*EnhancedMessage, error] {
 	return func(yield func(*EnhancedMessage, error) bool) {
+		if err := checkContext(ctx); err != nil {
+			yield(nil, errorf("ferry: messages: %w", err))
+			return
+		}
 		if err := c.Start(ctx); err != nil {
 			yield(nil, errorf("ferry: messages: %w", err))
 			return
