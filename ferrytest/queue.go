@@ -63,6 +63,9 @@ type QueueFactory func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queu
 //     ID still answers.
 //   - CloseWakesReader: a Read blocked on an empty queue returns
 //     [ferry.ErrClosed] when the queue is closed.
+//   - NilContext: Write and Read (of a stored message, and at the next
+//     offset) with a nil context are [ferry.ErrInvalidOption], never a
+//     panic, and change nothing.
 func TestQueue(t *testing.T, f Features, newQueue QueueFactory) {
 	t.Helper()
 	qs := &queueSuite{f: f, newQueue: newQueue}
@@ -83,6 +86,7 @@ func TestQueue(t *testing.T, f Features, newQueue QueueFactory) {
 	run(t, f, "ConcurrentRetention", qs.concurrentRetention)
 	run(t, f, "Close", qs.close)
 	run(t, f, "CloseWakesReader", qs.closeWakesReader)
+	run(t, f, "NilContext", qs.nilContext)
 }
 
 type queueSuite struct {

@@ -24,6 +24,9 @@ const deletedPrefix = "~deleted-"
 // crash left of a deletion. Deleting a topic the store does not hold does
 // nothing. Cursors stay (see [Store.Forget]).
 func (st *Store) DeleteTopic(ctx context.Context, name string) error {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Errorf("ferry: delete topic: %w", err)
+	}
 	if err := ferry.ValidateTopicName(name); err != nil {
 		return ferry.Errorf("ferry: delete topic: %w", err)
 	}

@@ -171,6 +171,9 @@ func (q *queue) poke() {
 // fdatasync, and with [ferry.Block] overflow leaves when ctx ends while it
 // waits for room.
 func (q *queue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, ferry.Errorf("ferry: write %s: %w", q.id, err)
+	}
 	return q.write(ctx, msgs, false)
 }
 

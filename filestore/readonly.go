@@ -185,11 +185,17 @@ func (st *ReadOnlyStore) Topic(ctx context.Context, name string) (ferry.TopicMet
 
 // SaveTopic implements [ferry.Storage]: [ErrReadOnly].
 func (st *ReadOnlyStore) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Errorf("ferry: save topic: %w", err)
+	}
 	return ferry.Errorf("ferry: save topic %q: %w", meta.Name, ErrReadOnly)
 }
 
 // CreateTopic implements [ferry.SharedStorage]: [ErrReadOnly].
 func (st *ReadOnlyStore) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Errorf("ferry: create topic: %w", err)
+	}
 	return ferry.Errorf("ferry: create topic %q: %w", meta.Name, ErrReadOnly)
 }
 
@@ -202,6 +208,9 @@ func (st *ReadOnlyStore) OpenQueue(ctx context.Context, meta ferry.TopicMeta, qu
 }
 
 func (st *ReadOnlyStore) queue(ctx context.Context, meta ferry.TopicMeta, queue int) (*roQueue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, ferry.Errorf("ferry: open queue: %w", err)
+	}
 	if err := meta.Validate(); err != nil {
 		return nil, ferry.Errorf("ferry: open queue: %w", err)
 	}
@@ -273,6 +282,9 @@ func (st *ReadOnlyStore) Segments(ctx context.Context, topic string, queue int) 
 
 // check returns ErrClosed after Close, or ctx's error.
 func (st *ReadOnlyStore) check(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	if st.isClosed() {
 		return ferry.ErrClosed
 	}
@@ -349,16 +361,25 @@ func (st *ReadOnlyStore) Cursors(ctx context.Context, topic string, queues int) 
 
 // Commit implements [ferry.CursorStore]: [ErrReadOnly].
 func (st *ReadOnlyStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Errorf("ferry: commit cursor: %w", err)
+	}
 	return ferry.Errorf("ferry: commit cursor: %w", ErrReadOnly)
 }
 
 // CommitFenced implements [ferry.FencedCursorStore]: [ErrReadOnly].
 func (st *ReadOnlyStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Errorf("ferry: commit cursor: %w", err)
+	}
 	return ferry.Errorf("ferry: commit cursor: %w", ErrReadOnly)
 }
 
 // Forget implements [ferry.CursorGroups]: [ErrReadOnly].
 func (st *ReadOnlyStore) Forget(ctx context.Context, topic, group string) error {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Errorf("ferry: forget cursor: %w", err)
+	}
 	return ferry.Errorf("ferry: forget cursor: %w", ErrReadOnly)
 }
 
@@ -403,6 +424,9 @@ func (q *roQueue) ID() ferry.QueueID { return q.id }
 
 // Write implements [ferry.WritableQueue]: [ErrReadOnly].
 func (q *roQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, ferry.Errorf("ferry: write %s: %w", q.id, err)
+	}
 	return 0, ferry.Errorf("ferry: write %s: %w", q.id, ErrReadOnly)
 }
 
@@ -448,6 +472,9 @@ func (q *roQueue) bounds() (oldest, next int64) {
 // Read implements [ferry.ReadableQueue]. The messages are decoded for
 // this call: the caller owns them.
 func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, ferry.Errorf("ferry: read %s: %w", q.id, err)
+	}
 	if len(dst) == 0 {
 		return 0, nil
 	}

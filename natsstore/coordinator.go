@@ -63,6 +63,9 @@ var (
 // they are absent. A bucket made before with another TTL is
 // [ferry.ErrInvalidOption]: every member must agree on the TTL.
 func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Coordinator, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, ferry.Errorf("ferry: natsstore: coordinator: %w", err)
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, ferry.Errorf("ferry: natsstore: coordinator: %w", err)
@@ -97,6 +100,9 @@ func groupPrefix(g ferry.GroupKey) string { return encodeToken(g.Scope) + "." + 
 
 // Join implements [ferry.Coordinator].
 func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
+	}
 	if g.Scope == "" || member == "" {
 		return nil, ferry.Errorf("ferry: natsstore: join %s: %w: empty group or member", g, ferry.ErrInvalidOption)
 	}
@@ -240,6 +246,9 @@ func (c *Coordinator) deleteKey(kv jetstream.KeyValue, key string, rev uint64) {
 
 // Members implements [ferry.Coordinator].
 func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, err)
+	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
@@ -479,6 +488,9 @@ func (s *session) finish(leases []*lease, rev uint64, lost bool) {
 
 // Leave implements [ferry.Session].
 func (s *session) Leave(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Errorf("ferry: natsstore: leave %s: %w", s.g, err)
+	}
 	s.end(false)
 	s.wg.Wait()
 	return nil
@@ -489,6 +501,9 @@ func (s *session) lockKey(q int) string { return s.prefix + "." + strconv.Itoa(q
 // Lock implements [ferry.Session]: a KV create of the lock key; while it
 // exists, a watch of the key wakes the waiter on its deletion or expiry.
 func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, err)
+	}
 	if q < 0 || q >= ferry.MaxQueues {
 		return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w: out of range", s.g, q, ferry.ErrInvalidOption)
 	}
@@ -613,6 +628,9 @@ func (l *lease) Lost() <-chan struct{} { return l.lost }
 // Release implements [ferry.Lease]: a delete checked against the lease's
 // revision, so it never frees a lock someone else holds now.
 func (l *lease) Release(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Errorf("ferry: natsstore: release %s queue %d: %w", l.s.g, l.q, err)
+	}
 	l.give(false)
 	return nil
 }

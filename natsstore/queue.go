@@ -104,6 +104,9 @@ func (s *Store) streamConfig(meta ferry.TopicMeta, name, subject string) jetstre
 // runs an ordered consumer of the stream while Reads wait at its end
 // (tail.go).
 func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (ferry.Queue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, ferry.Errorf("ferry: natsstore: open queue: %w", err)
+	}
 	if err := meta.Validate(); err != nil {
 		return nil, ferry.Errorf("ferry: natsstore: open queue: %w", err)
 	}
@@ -245,6 +248,9 @@ func (q *queue) refresh(ctx context.Context) error {
 // offset on, or a direct batch get; at the end it waits for the tail to
 // be pushed a new message.
 func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, err)
+	}
 	if q.isClosed() {
 		return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
 	}
@@ -416,6 +422,9 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 // Write returns ctx's error and the batch may have been stored: write the
 // same messages again to learn their offset.
 func (q *queue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+	}
 	return q.write(ctx, msgs, true)
 }
 
