@@ -3,7 +3,6 @@ package ferry
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -73,15 +72,18 @@ func (c *Consumer) deliverer() *deliverer { return c.d.Load() }
 // invalid (see [ValidateTopicName]) without [WithDeadLetter]; after the
 // broker's Close it is [ErrClosed].
 func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOption) (*Consumer, error) {
-	cfg, err := newConsumerConfig(group, topic, opts)
+	cfg, err := newConsumerConfig(group, topic, func(c *consumerConfig) {
+		for _, o := range opts {
+			if o != nil {
+				o.applyConsumer(c)
+			}
+		}
+	})
 	if err != nil {
 		return nil, errorf("ferry: new consumer: %w", err)
 	}
-	switch {
-	case h == nil:
+	if h == nil {
 		return nil, errorf("ferry: new consumer: %w: nil handler", ErrInvalidOption)
-	case len(cfg.pullOnly) > 0:
-		return nil, errorf("ferry: new consumer: %w: %s is for pull consumers", ErrInvalidOption, strings.Join(cfg.pullOnly, ", "))
 	}
 	if err := ValidateTopicName(cfg.deadLetter); err != nil {
 		return nil, errorf("ferry: new consumer: %w: dead-letter topic: %w (set WithDeadLetter)", ErrInvalidOption, err)

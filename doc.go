@@ -32,7 +32,10 @@
 // another takes them; a lock per (group, queue) keeps one owner even under
 // a broken allocator, which is reported with [ErrInvalidAllocation].
 // [Broadcast] gives every member every queue instead, with cursors kept
-// per member ID under "<group>@<member>".
+// per member ID under "<group>@<member>". A push consumer takes
+// [ConsumerOption]s, a pull consumer [PullConsumerOption]s; the options
+// of both are [GroupOption]s, so a push-only option given to a pull
+// consumer (or [WithAutoCommit] to a push one) does not compile.
 //
 //	c, _ := b.NewConsumer("billing", "orders", ferry.HandlerFunc(
 //		func(ctx context.Context, m *ferry.EnhancedMessage) error {

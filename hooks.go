@@ -208,7 +208,9 @@ func WithProducerHooks(hooks ...Hook) ProducerOption {
 }
 
 // WithConsumerHooks registers hooks for this consumer, after the
-// broker's (see [Hook]). Default: none.
-func WithConsumerHooks(hooks ...Hook) ConsumerOption {
-	return func(c *consumerConfig) { c.hooks = append(c.hooks, hooks...) }
+// broker's (see [Hook]). Default: none. For push and pull consumers (a
+// pull consumer has no handler calls: [HookHandle] and [HookHandled] are
+// not called for it).
+func WithConsumerHooks(hooks ...Hook) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.hooks = append(c.hooks, hooks...) })
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"iter"
-	"strings"
 	"sync"
 )
 
@@ -28,17 +27,21 @@ type PullConsumer struct {
 	last []*EnhancedMessage
 }
 
-// NewPullConsumer returns a pull consumer for topic in group. It takes the
-// options of [Broker.NewConsumer] except the push-only ones
-// (WithConcurrency, Ordered, WithRetry, WithDeadLetter), which are
-// [ErrInvalidOption], and it takes [WithAutoCommit].
-func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*PullConsumer, error) {
-	cfg, err := newConsumerConfig(group, topic, opts)
+// NewPullConsumer returns a pull consumer for topic in group. It takes
+// every [GroupOption] and [WithAutoCommit]; the push-only options
+// (Ordered, WithConcurrency, WithRetry, WithMaxRetryBackoff,
+// WithDeadLetter) are [ConsumerOption]s, which it does not take. Bad
+// names and option values are as for [Broker.NewConsumer].
+func (b *Broker) NewPullConsumer(group, topic string, opts ...PullConsumerOption) (*PullConsumer, error) {
+	cfg, err := newConsumerConfig(group, topic, func(c *consumerConfig) {
+		for _, o := range opts {
+			if o != nil {
+				o.applyPull(c)
+			}
+		}
+	})
 	if err != nil {
 		return nil, errorf("ferry: new pull consumer: %w", err)
-	}
-	if len(cfg.pushOnly) > 0 {
-		return nil, errorf("ferry: new pull consumer: %w: %s is for push consumers", ErrInvalidOption, strings.Join(cfg.pushOnly, ", "))
 	}
 	if b.closed.Load() {
 		return nil, errorf("ferry: new pull consumer: %w", ErrClosed)
