@@ -351,19 +351,38 @@ func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
 	return errors.Join(errs...)
 }
 
+// DeleteTopicOption configures [Broker.DeleteTopic].
+type DeleteTopicOption func(*deleteTopicConfig)
+
+type deleteTopicConfig struct {
+	force bool
+}
+
+// ForceDelete makes [Broker.DeleteTopic] delete the topic even while
+// groups are live; the consumers of it in this broker are closed first.
+// Default: a topic with a live group is [ErrGroupActive].
+func ForceDelete() DeleteTopicOption {
+	return func(c *deleteTopicConfig) { c.force = true }
+}
+
 // DeleteTopic deletes a topic: its queues, their messages, the storage's
 // metadata and the groups' cursors on it (over a cursor store with
 // [CursorGroups]). A topic with a live group (a consumer of it open in
 // this broker, or a member live elsewhere by the coordinator) is
-// [ErrGroupActive] unless force is set, and then the consumers of it in
-// this broker are closed first. The storage must implement
+// [ErrGroupActive] unless [ForceDelete] is given. The storage must implement
 // [TopicDeleter] (the memory and file storages do): otherwise
 // [ErrInvalidOption]. An unknown topic is [ErrTopicNotFound]. A later
 // Send to the topic is [ErrTopicNotFound]. Brokers sharing the storage
 // find the topic gone on their next lookup; the ones holding it open get
 // [ErrClosed] from its queues.
-func (b *Broker) DeleteTopic(ctx context.Context, name string, force bool) error {
-	if err := b.deleteTopic(ctx, name, force); err != nil {
+func (b *Broker) DeleteTopic(ctx context.Context, name string, opts ...DeleteTopicOption) error {
+	var cfg deleteTopicConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if err := b.deleteTopic(ctx, name, cfg.force); err != nil {
 		return errorf("ferry: delete topic %q: %w", name, err)
 	}
 	return nil

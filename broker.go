@@ -347,7 +347,7 @@ func (b *Broker) ForgetGroup(ctx context.Context, group, topic string) error {
 	}
 	if _, ok := b.storage.(TopicDeleter); ok {
 		if _, err := b.topic(RetryTopic(group, topic)); err == nil {
-			if err := b.DeleteTopic(ctx, RetryTopic(group, topic), false); err != nil {
+			if err := b.DeleteTopic(ctx, RetryTopic(group, topic)); err != nil {
 				return errorf("ferry: forget group: retry topic: %w", err)
 			}
 		}

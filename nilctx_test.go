@@ -44,7 +44,7 @@ func TestNilContext(t *testing.T) {
 
 	calls := map[string]func(context.Context) error{
 		"Broker.CreateTopic": func(ctx context.Context) error { return b.CreateTopic(ctx, meta) },
-		"Broker.DeleteTopic": func(ctx context.Context) error { return b.DeleteTopic(ctx, "orders", false) },
+		"Broker.DeleteTopic": func(ctx context.Context) error { return b.DeleteTopic(ctx, "orders") },
 		"Broker.AddQueues":   func(ctx context.Context) error { return b.AddQueues(ctx, "orders", 3) },
 		"Broker.Groups":      func(ctx context.Context) error { _, err := b.Groups(ctx, "orders"); return err },
 		"Broker.Lag":         func(ctx context.Context) error { _, err := b.Lag(ctx, "g", "orders"); return err },
