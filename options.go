@@ -38,9 +38,9 @@ const (
 	DefaultMaxAttempts  = 5
 	DefaultRetryBackoff = 100 * time.Millisecond
 	DefaultDrainTimeout = 10 * time.Second
-	// MaxRetryBackoff caps the growing wait between attempts by default
-	// (see WithMaxRetryBackoff).
-	MaxRetryBackoff = 30 * time.Second
+	// DefaultMaxRetryBackoff caps the growing wait between attempts by
+	// default (see WithMaxRetryBackoff).
+	DefaultMaxRetryBackoff = 30 * time.Second
 )
 
 // ConsumerOption configures a push [Consumer] ([Broker.NewConsumer]).
@@ -208,18 +208,19 @@ func WithTags(tags ...string) GroupOption {
 
 // WithRetry sets how many times a message is attempted in all (at least
 // 1) and the wait before the first retry, which doubles on each later one
-// up to [MaxRetryBackoff] (see [WithMaxRetryBackoff]) (push consumers
-// only: a pull consumer has no retries). In
-// concurrent mode the retry waits in the group's retry topic (see
-// [RetryTopic]); with [Ordered] or [Broadcast] it waits in its queue.
-// Default: [DefaultMaxAttempts] and [DefaultRetryBackoff].
+// up to [DefaultMaxRetryBackoff] (see [WithMaxRetryBackoff]) (push
+// consumers only: a pull consumer has no retries). In concurrent mode the
+// retry waits in the group's retry topic (see [RetryTopic]); with
+// [Ordered] or [Broadcast] it waits in its queue. Default:
+// [DefaultMaxAttempts] and [DefaultRetryBackoff].
 func WithRetry(maxAttempts int, backoff time.Duration) ConsumerOption {
 	return pushOption(func(c *consumerConfig) { c.maxAttempts, c.backoff = maxAttempts, backoff })
 }
 
 // WithMaxRetryBackoff caps the wait between attempts, which doubles from
 // the [WithRetry] backoff on each retry; a cap equal to that backoff makes
-// the wait constant (push consumers only). Default: [MaxRetryBackoff].
+// the wait constant (push consumers only). Default:
+// [DefaultMaxRetryBackoff].
 func WithMaxRetryBackoff(d time.Duration) ConsumerOption {
 	return pushOption(func(c *consumerConfig) { c.maxBackoff = d })
 }
@@ -307,7 +308,7 @@ func newConsumerConfig(group, topic string, apply func(*consumerConfig)) (*consu
 		concurrency:  DefaultConcurrency,
 		maxAttempts:  DefaultMaxAttempts,
 		backoff:      DefaultRetryBackoff,
-		maxBackoff:   MaxRetryBackoff,
+		maxBackoff:   DefaultMaxRetryBackoff,
 		drainTimeout: DefaultDrainTimeout,
 		buffer:       BufferConfig{}.withDefaults(),
 	}
