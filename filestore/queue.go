@@ -200,7 +200,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 			return 0, ferry.Errorf("ferry: write %s: message %d: %w: nil", q.id, i, ferry.ErrInvalidMessage)
 		}
 		ms, limit := m.Size(), q.cfg.maxFrameBytes-frameHeader
-		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornAddress())+len(m.Producer())+maxCodecFixed+maxCodecGrowth > limit {
+		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornHost())+len(m.ProducerName())+maxCodecFixed+maxCodecGrowth > limit {
 			if n := ferry.EncodedSize(m) + maxCodecGrowth; n > limit {
 				return 0, ferry.Errorf("ferry: write %s: message %d: %w: %d bytes encoded, a frame holds %d", q.id, i, ferry.ErrMessageTooLarge, n, limit)
 			}
