@@ -43,9 +43,12 @@ type ReadableQueue interface {
 }
 
 // OffsetsContexter is an optional interface of a [ReadableQueue] whose
-// offsets live across a network (a distributed storage): OffsetsContext
-// is Offsets bounded by ctx, with the error Offsets cannot return. The
-// consumer uses it where a queue has it.
+// offsets live across a network (a distributed storage, natsstore's):
+// OffsetsContext is Offsets bounded by ctx, with the error Offsets cannot
+// return. A ctx already done is its error, a nil ctx [ErrInvalidOption];
+// after Close it is [ErrClosed]. The consumer's take and reset,
+// [Broker.Lag], [Broker.Groups], [Broker.ResetGroup] and Seek use it
+// where a queue has it.
 type OffsetsContexter interface {
 	OffsetsContext(ctx context.Context) (oldest, next int64, err error)
 }

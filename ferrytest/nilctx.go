@@ -45,6 +45,9 @@ func (s *queueSuite) nilContext(t *testing.T, w *watchdog) {
 	wantNilContext(t, "Write", func(ctx context.Context) error { _, err := q.Write(ctx, newMessages(1, 1)); return err })
 	wantNilContext(t, "Read of a stored message", func(ctx context.Context) error { _, err := q.Read(ctx, 0, dst); return err })
 	wantNilContext(t, "Read at the next offset", func(ctx context.Context) error { _, err := q.Read(ctx, 1, dst); return err })
+	if oc, ok := q.(ferry.OffsetsContexter); ok {
+		wantNilContext(t, "OffsetsContext", func(ctx context.Context) error { _, _, err := oc.OffsetsContext(ctx); return err })
+	}
 	wantOffsets(t, q, 0, 1)
 }
 

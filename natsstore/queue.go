@@ -62,6 +62,8 @@ var (
 	_ ferry.Queue     = (*queue)(nil)
 	_ ferry.TryWriter = (*queue)(nil)
 	_ ferry.Releaser  = (*queue)(nil)
+
+	_ ferry.OffsetsContexter = (*queue)(nil)
 )
 
 // streamConfig maps meta's retention onto a stream.
@@ -225,6 +227,30 @@ func (q *queue) Offsets() (oldest, next int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.oldest, q.next
+}
+
+// OffsetsContext implements [ferry.OffsetsContexter]: it asks the server
+// as Offsets does, but under ctx (bounded by the op timeout unless ctx
+// has a deadline), and returns the error instead of what it last knew:
+// the consumer's take and reset, Lag and ResetGroup call it, so a
+// caller's ctx ends their wait and a server that does not answer is an
+// error, not stale offsets. After Close it is [ferry.ErrClosed].
+func (q *queue) OffsetsContext(ctx context.Context) (oldest, next int64, err error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, 0, ferry.Errorf("ferry: natsstore: offsets %s: %w", q.id, err)
+	}
+	if q.isClosed() {
+		return 0, 0, ferry.Errorf("ferry: natsstore: offsets %s: %w", q.id, ferry.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, ferry.Errorf("ferry: natsstore: offsets %s: %w", q.id, err)
+	}
+	if err := q.boundedRefresh(ctx); err != nil {
+		return 0, 0, ferry.Errorf("ferry: natsstore: offsets %s: %w", q.id, err)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.oldest, q.next, nil
 }
 
 // boundedRefresh is refresh bounded by the op timeout unless ctx has a
