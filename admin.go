@@ -464,8 +464,7 @@ func (b *Broker) addQueues(ctx context.Context, name string, queues int) error {
 	if err := checkContext(ctx); err != nil {
 		return err
 	}
-	t, err := b.topic(name)
-	if err != nil {
+	if _, err := b.topic(name); err != nil { // opens it if another broker made it
 		return err
 	}
 	b.mu.Lock()
@@ -473,7 +472,7 @@ func (b *Broker) addQueues(ctx context.Context, name string, queues int) error {
 	if b.closed.Load() {
 		return ErrClosed
 	}
-	t, _ = b.lookup(name)
+	t, _ := b.lookup(name)
 	if t == nil {
 		return fmt.Errorf("%w: %q", ErrTopicNotFound, name)
 	}
