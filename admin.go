@@ -44,6 +44,9 @@ type GroupLag struct {
 // as the memory and file stores are; over another store it is
 // [ErrInvalidOption]. An unknown topic is [ErrTopicNotFound].
 func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "groups", Err: err}
+	}
 	t, cg, err := b.adminTopic(topic)
 	if err != nil {
 		return nil, &Error{Op: "groups", Err: err}
@@ -64,11 +67,15 @@ func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
 	return out, nil
 }
 
-// Lag returns the progress of group on topic. A group with neither a
+// Lag returns the progress of group on topic (group first, as in every
+// call of the package that takes both). A group with neither a
 // committed cursor nor a live member there is [ErrGroupNotFound]; a live
 // group that has committed nothing on a queue has every retained message
 // of it to go. Other errors as [Broker.Groups].
-func (b *Broker) Lag(ctx context.Context, topic, group string) (GroupLag, error) {
+func (b *Broker) Lag(ctx context.Context, group, topic string) (GroupLag, error) {
+	if err := checkContext(ctx); err != nil {
+		return GroupLag{}, &Error{Op: "lag", Err: err}
+	}
 	t, _, err := b.adminTopic(topic)
 	if err != nil {
 		return GroupLag{}, &Error{Op: "lag", Err: err}
@@ -180,6 +187,9 @@ func (b *Broker) ResetGroup(ctx context.Context, group, topic string, to ResetTo
 }
 
 func (b *Broker) resetGroup(ctx context.Context, group, topic string, to ResetTo) ([]int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, err
+	}
 	if group == "" || len(group) > 255 {
 		return nil, fmt.Errorf("%w: group name of %d bytes", ErrInvalidOption, len(group))
 	}
@@ -268,6 +278,9 @@ func offsetAtTime(ctx context.Context, q Queue, at time.Time, oldest, next int64
 
 // seek moves the member's held queues as to says (see [Consumer.Seek]).
 func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	if to.kind == 0 {
 		return fmt.Errorf("%w: a zero ResetTo", ErrInvalidOption)
 	}
@@ -337,25 +350,47 @@ func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
 	return joinErrors(errs...)
 }
 
+// DeleteTopicOption configures [Broker.DeleteTopic].
+type DeleteTopicOption func(*deleteTopicConfig)
+
+type deleteTopicConfig struct {
+	force bool
+}
+
+// ForceDelete makes [Broker.DeleteTopic] delete the topic even while
+// groups are live; the consumers of it in this broker are closed first.
+// Default: a topic with a live group is [ErrGroupActive].
+func ForceDelete() DeleteTopicOption {
+	return func(c *deleteTopicConfig) { c.force = true }
+}
+
 // DeleteTopic deletes a topic: its queues, their messages, the storage's
 // metadata and the groups' cursors on it (over a cursor store with
 // [CursorGroups]). A topic with a live group (a consumer of it open in
 // this broker, or a member live elsewhere by the coordinator) is
-// [ErrGroupActive] unless force is set, and then the consumers of it in
-// this broker are closed first. The storage must implement
+// [ErrGroupActive] unless [ForceDelete] is given. The storage must implement
 // [TopicDeleter] (the memory and file storages do): otherwise
 // [ErrInvalidOption]. An unknown topic is [ErrTopicNotFound]. A later
 // Send to the topic is [ErrTopicNotFound]. Brokers sharing the storage
 // find the topic gone on their next lookup; the ones holding it open get
 // [ErrClosed] from its queues.
-func (b *Broker) DeleteTopic(ctx context.Context, name string, force bool) error {
-	if err := b.deleteTopic(ctx, name, force); err != nil {
+func (b *Broker) DeleteTopic(ctx context.Context, name string, opts ...DeleteTopicOption) error {
+	var cfg deleteTopicConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if err := b.deleteTopic(ctx, name, cfg.force); err != nil {
 		return &Error{Op: fmt.Sprintf("delete topic %q", name), Err: err}
 	}
 	return nil
 }
 
 func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	t, err := b.topic(name)
 	if err != nil {
 		return err
@@ -425,8 +460,10 @@ func (b *Broker) AddQueues(ctx context.Context, topic string, queues int) error 
 }
 
 func (b *Broker) addQueues(ctx context.Context, name string, queues int) error {
-	t, err := b.topic(name)
-	if err != nil {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
+	if _, err := b.topic(name); err != nil { // opens it if another broker made it
 		return err
 	}
 	b.mu.Lock()
@@ -434,7 +471,7 @@ func (b *Broker) addQueues(ctx context.Context, name string, queues int) error {
 	if b.closed.Load() {
 		return ErrClosed
 	}
-	t, _ = b.lookup(name)
+	t, _ := b.lookup(name)
 	if t == nil {
 		return fmt.Errorf("%w: %q", ErrTopicNotFound, name)
 	}

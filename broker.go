@@ -141,6 +141,9 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 // different metadata for an existing name is [ErrTopicExists]; invalid
 // metadata is [ErrInvalidTopic].
 func (b *Broker) CreateTopic(ctx context.Context, meta TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "create topic", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return &Error{Op: "create topic", Err: err}
 	}
@@ -326,8 +329,12 @@ func (b *Broker) Queue(topic string, i int) (ReadableQueue, error) {
 // left as it is. A consumer made with [Broadcast] and no [WithMemberID]
 // forgets its own progress on Close, as its generated ID can never come
 // back. The group's retry topic for topic (see [RetryTopic]), with the
-// retries waiting in it, is deleted too, where the storage can.
-func (b *Broker) ForgetGroup(group, topic string) error {
+// retries waiting in it, is deleted too, where the storage can. ctx bounds
+// the calls to the coordinator, the cursor store and the storage.
+func (b *Broker) ForgetGroup(ctx context.Context, group, topic string) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "forget group", Err: err}
+	}
 	t, err := b.topic(topic)
 	if err != nil {
 		return &Error{Op: "forget group", Err: err}
@@ -335,12 +342,12 @@ func (b *Broker) ForgetGroup(group, topic string) error {
 	if group == "" {
 		return &Error{Op: "forget group", Err: fmt.Errorf("%w: empty group", ErrInvalidOption)}
 	}
-	if err := b.groups.forget(context.Background(), t, group); err != nil {
+	if err := b.groups.forget(ctx, t, group); err != nil {
 		return &Error{Op: "forget group", Err: err}
 	}
 	if _, ok := b.storage.(TopicDeleter); ok {
 		if _, err := b.topic(RetryTopic(group, topic)); err == nil {
-			if err := b.DeleteTopic(context.Background(), RetryTopic(group, topic), false); err != nil {
+			if err := b.DeleteTopic(ctx, RetryTopic(group, topic)); err != nil {
 				return &Error{Op: "forget group: retry topic", Err: err}
 			}
 		}

@@ -202,6 +202,9 @@ func (b *Buffer) Reset(next int64) {
 // which stay taken. Empty msgs returns 0 and a nil error at once. The
 // buffer keeps the pointers.
 func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &Error{Op: "buffer put", Err: err}
+	}
 	n, _, err := b.put(ctx, msgs, true)
 	return n, err
 }
@@ -460,6 +463,9 @@ func (b *Buffer) Committable() int64 {
 // WaitDrained waits until no taken message is unfinished or ctx is done
 // (ctx's error). To drain for good, Close first: no take follows.
 func (b *Buffer) WaitDrained(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "buffer wait drained", Err: err}
+	}
 	b.mu.Lock()
 	if b.inflight == 0 {
 		b.mu.Unlock()
@@ -498,6 +504,9 @@ func (b *Buffer) Stats() BufferStats {
 // while handling the queue's messages, waiting until it is free or ctx is
 // done (ctx's error). It is not reentrant.
 func (b *Buffer) Lock(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "buffer lock", Err: err}
+	}
 	select {
 	case b.consume <- struct{}{}:
 		return nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -74,15 +73,18 @@ func (c *Consumer) deliverer() *deliverer { return c.d.Load() }
 // invalid (see [ValidateTopicName]) without [WithDeadLetter]; after the
 // broker's Close it is [ErrClosed].
 func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOption) (*Consumer, error) {
-	cfg, err := newConsumerConfig(group, topic, opts)
+	cfg, err := newConsumerConfig(group, topic, func(c *consumerConfig) {
+		for _, o := range opts {
+			if o != nil {
+				o.applyConsumer(c)
+			}
+		}
+	})
 	if err != nil {
 		return nil, &Error{Op: "new consumer", Err: err}
 	}
-	switch {
-	case h == nil:
+	if h == nil {
 		return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: nil handler", ErrInvalidOption)}
-	case len(cfg.pullOnly) > 0:
-		return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: %s is for pull consumers", ErrInvalidOption, strings.Join(cfg.pullOnly, ", "))}
 	}
 	if err := ValidateTopicName(cfg.deadLetter); err != nil {
 		return nil, &Error{Op: "new consumer: dead-letter topic (set WithDeadLetter)", Err: fmt.Errorf("%w: %w", ErrInvalidOption, err)}
@@ -106,6 +108,9 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 // If the allocator's first split is broken, Start reports it (see
 // [WithOnError]) and does not wait for the locks.
 func (c *Consumer) Start(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "start consumer", Err: err}
+	}
 	if err := c.createDeadLetter(ctx); err != nil {
 		return &Error{Op: fmt.Sprintf("start consumer: dead-letter topic %q", c.m.cfg.deadLetter), Err: err}
 	}

@@ -71,7 +71,6 @@ func TestConsumerOptionsValidation(t *testing.T) {
 		"start":       {ferry.WithStartFrom(7)},
 		"tags":        {ferry.WithTags("")},
 		"allocator":   {ferry.WithAllocator(nil)},
-		"autocommit":  {ferry.WithAutoCommit()},
 		"dlq":         {ferry.WithDeadLetter("bad name")},
 	}
 	for name, opts := range bad {

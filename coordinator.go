@@ -37,7 +37,8 @@ func (g GroupKey) String() string { return g.Scope + "/" + g.Topic }
 //
 // Implementations must be safe for concurrent use. After Close, Join and
 // Members return [ErrClosed] and every session ends; Close is
-// idempotent. Package ferrytest holds the conformance suite
+// idempotent. A nil ctx, here and in the methods of [Session] and
+// [Lease], is [ErrInvalidOption] and changes nothing. Package ferrytest holds the conformance suite
 // (TestCoordinator) and a fake that expires sessions and leases on demand.
 type Coordinator interface {
 	// Join adds member to group g and returns its session; every session
@@ -139,6 +140,9 @@ func validateJoin(g GroupKey, member string) error {
 
 // Join implements [Coordinator].
 func (c *MemoryCoordinator) Join(ctx context.Context, g GroupKey, member string) (Session, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: err}
+	}
 	if err := validateJoin(g, member); err != nil {
 		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: err}
 	}
@@ -196,6 +200,9 @@ func mapKeysOf[V any](m map[string]V) func(func(string) bool) {
 
 // Members implements [Coordinator].
 func (c *MemoryCoordinator) Members(ctx context.Context, g GroupKey) ([]string, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: fmt.Sprintf("members of %s", g), Err: err}
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, &Error{Op: fmt.Sprintf("members of %s", g), Err: err}
 	}
@@ -259,6 +266,9 @@ func (s *memSession) Members() []string {
 }
 
 func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: fmt.Sprintf("lock %s queue %d", s.g, queue), Err: err}
+	}
 	if queue < 0 || queue >= MaxQueues {
 		return nil, &Error{Op: fmt.Sprintf("lock %s queue %d", s.g, queue), Err: fmt.Errorf("%w: out of range", ErrInvalidOption)}
 	}
@@ -317,6 +327,9 @@ type lockTrier interface {
 }
 
 func (s *memSession) Leave(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: fmt.Sprintf("leave %s", s.g), Err: err}
+	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
 	s.endLocked(false)
@@ -393,6 +406,9 @@ func (l *memLease) freedLocked() chan struct{} {
 }
 
 func (l *memLease) Release(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: fmt.Sprintf("release %s queue %d", l.k.g, l.k.q), Err: err}
+	}
 	l.s.c.mu.Lock()
 	defer l.s.c.mu.Unlock()
 	l.freeLocked(false)

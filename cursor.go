@@ -24,7 +24,9 @@ type Cursors struct {
 // CursorStore is where cursors persist.
 //
 // Implementations must be safe for concurrent use. After Close every method
-// but Close returns [ErrClosed]; Close is idempotent.
+// but Close returns [ErrClosed]; Close is idempotent. A nil ctx is
+// [ErrInvalidOption]. The seam takes topic before group; user calls take
+// group first.
 type CursorStore interface {
 	// Load returns one next-offset per queue (queues of them) of topic for
 	// group; -1 where nothing was committed. An invalid topic name or a
@@ -46,7 +48,8 @@ type CursorStore interface {
 // only the groups this broker has seen consume hold back Block queues.
 //
 // Implementations must be safe for concurrent use; after Close both
-// methods return [ErrClosed].
+// methods return [ErrClosed]; a nil ctx is [ErrInvalidOption]. The seam
+// takes topic before group; user calls take group first.
 type CursorGroups interface {
 	// Cursors returns the cursor of every group with a commit on topic,
 	// each with queues offsets (-1 for a queue with no commit). An
@@ -68,7 +71,9 @@ type CursorGroups interface {
 // ErrFenced as the loss of its lease. A plain Commit (an operator's
 // reset, say) leaves the token as it is. A store that wraps another
 // store with this interface (to count or delay commits, say) must wrap
-// CommitFenced too, or the consumer's commits bypass its Commit.
+// CommitFenced too, or the consumer's commits bypass its Commit. A nil
+// ctx is [ErrInvalidOption]. The seam takes topic before group; user
+// calls take group first.
 type FencedCursorStore interface {
 	CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error
 }
@@ -128,7 +133,8 @@ func NewMemoryCursorStore() *MemoryCursorStore {
 // [FencedCursorStore.CommitFenced], [CursorGroups.Forget]): a valid topic
 // name, a group name of 1 to 255 bytes and a queue count or index in
 // range. Errors wrap [ErrInvalidTopic] or [ErrInvalidOption], for the store
-// to wrap in its [Error]. For store implementers.
+// to wrap in its [Error]. For store implementers. The seam takes topic
+// before group; user calls take group first.
 func ValidateGroupCursorArgs(topic, group string, queue int) error {
 	if err := ValidateTopicCursorsArgs(topic, queue); err != nil {
 		return err
@@ -141,6 +147,9 @@ func ValidateGroupCursorArgs(topic, group string, queue int) error {
 
 // Load implements [CursorStore].
 func (s *MemoryCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "load cursor", Err: err}
+	}
 	if err := ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, &Error{Op: "load cursor", Err: err}
 	}
@@ -172,11 +181,17 @@ func fillCursor(offs []int64, queues int) []int64 {
 
 // Commit implements [CursorStore].
 func (s *MemoryCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "commit cursor", Err: err}
+	}
 	return s.commit(ctx, topic, group, queue, offset, 0, false)
 }
 
 // CommitFenced implements [FencedCursorStore].
 func (s *MemoryCursorStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "commit cursor", Err: err}
+	}
 	return s.commit(ctx, topic, group, queue, offset, token, true)
 }
 
@@ -258,6 +273,9 @@ func (sl *cursorSlot) commit(offset int64, token uint64) error {
 
 // Cursors implements [CursorGroups].
 func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues int) (Cursors, error) {
+	if err := checkContext(ctx); err != nil {
+		return Cursors{}, &Error{Op: "list cursors", Err: err}
+	}
 	if err := ValidateTopicCursorsArgs(topic, queues); err != nil {
 		return Cursors{}, &Error{Op: "list cursors", Err: err}
 	}
@@ -278,6 +296,9 @@ func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues in
 
 // Forget implements [CursorGroups].
 func (s *MemoryCursorStore) Forget(ctx context.Context, topic, group string) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "forget cursor", Err: err}
+	}
 	if err := ValidateGroupCursorArgs(topic, group, 0); err != nil {
 		return &Error{Op: "forget cursor", Err: err}
 	}

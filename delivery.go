@@ -33,8 +33,11 @@ type Delivery struct {
 type deliveryKey struct{}
 
 // DeliveryFrom returns the [Delivery] in a handler's context, and false
-// outside a handler.
+// outside a handler (a nil ctx included).
 func DeliveryFrom(ctx context.Context) (Delivery, bool) {
+	if ctx == nil {
+		return Delivery{}, false
+	}
 	d, ok := ctx.Value(deliveryKey{}).(*Delivery)
 	if !ok || d == nil {
 		return Delivery{}, false

@@ -32,7 +32,10 @@
 // another takes them; a lock per (group, queue) keeps one owner even under
 // a broken allocator, which is reported with [ErrInvalidAllocation].
 // [Broadcast] gives every member every queue instead, with cursors kept
-// per member ID under "<group>@<member>".
+// per member ID under "<group>@<member>". A push consumer takes
+// [ConsumerOption]s, a pull consumer [PullConsumerOption]s; the options
+// of both are [GroupOption]s, so a push-only option given to a pull
+// consumer (or [WithAutoCommit] to a push one) does not compile.
 //
 //	c, _ := b.NewConsumer("billing", "orders", ferry.HandlerFunc(
 //		func(ctx context.Context, m *ferry.EnhancedMessage) error {
@@ -76,7 +79,9 @@
 //
 // Calls that wait take a context that bounds the call only: a Start or a
 // Poll that times out leaves its consumer running, to be closed with
-// Close, which returns what failed while closing.
+// Close, which returns what failed while closing. A nil context is bad
+// input: every call that takes one, the seams' included, returns an
+// error wrapping [ErrInvalidOption] for it.
 //
 // # Seams
 //

@@ -38,7 +38,7 @@ var (
 	// a length out of bounds, an unknown version.
 	ErrCorrupt = errors.New("corrupt data")
 	// ErrInvalidOption is returned by a constructor given an option value
-	// out of range.
+	// out of range, and by any call given a nil context.
 	ErrInvalidOption = errors.New("invalid option")
 	// ErrInvalidRoute is returned when a Router returns an error or an index
 	// out of range; the error names the router.

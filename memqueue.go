@@ -54,6 +54,9 @@ func (q *MemoryQueue) ID() QueueID { return q.id }
 
 // Write implements [WritableQueue].
 func (q *MemoryQueue) Write(ctx context.Context, msgs []*EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: err}
+	}
 	return q.write(ctx, msgs, true, time.Time{})
 }
 
@@ -238,6 +241,9 @@ var wakePool = sync.Pool{New: func() any { return make(chan struct{}, 1) }}
 
 // Read implements [ReadableQueue].
 func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &Error{Op: fmt.Sprintf("read %s", q.id), Err: err}
+	}
 	if len(dst) == 0 {
 		return 0, nil
 	}
@@ -364,6 +370,9 @@ func NewMemoryStorage() *MemoryStorage {
 
 // OpenQueue implements [Storage].
 func (s *MemoryStorage) OpenQueue(ctx context.Context, meta TopicMeta, queue int) (Queue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "open queue", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return nil, &Error{Op: "open queue", Err: err}
 	}
@@ -394,6 +403,9 @@ func (s *MemoryStorage) OpenQueue(ctx context.Context, meta TopicMeta, queue int
 
 // Topics implements [Storage].
 func (s *MemoryStorage) Topics(ctx context.Context) ([]TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "topics", Err: err}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -409,6 +421,9 @@ func (s *MemoryStorage) Topics(ctx context.Context) ([]TopicMeta, error) {
 
 // SaveTopic implements [Storage].
 func (s *MemoryStorage) SaveTopic(ctx context.Context, meta TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "save topic", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return &Error{Op: "save topic", Err: err}
 	}
@@ -426,6 +441,9 @@ func (s *MemoryStorage) SaveTopic(ctx context.Context, meta TopicMeta) error {
 
 // CreateTopic implements [SharedStorage].
 func (s *MemoryStorage) CreateTopic(ctx context.Context, meta TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "create topic", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return &Error{Op: "create topic", Err: err}
 	}
@@ -450,6 +468,9 @@ func (s *MemoryStorage) CreateTopic(ctx context.Context, meta TopicMeta) error {
 
 // DeleteTopic implements [TopicDeleter].
 func (s *MemoryStorage) DeleteTopic(ctx context.Context, name string) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "delete topic", Err: err}
+	}
 	if err := ValidateTopicName(name); err != nil {
 		return &Error{Op: "delete topic", Err: err}
 	}
@@ -475,6 +496,9 @@ var _ TopicDeleter = (*MemoryStorage)(nil)
 
 // Topic implements [SharedStorage].
 func (s *MemoryStorage) Topic(ctx context.Context, name string) (TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return TopicMeta{}, &Error{Op: "topic", Err: err}
+	}
 	if err := ctx.Err(); err != nil {
 		return TopicMeta{}, &Error{Op: "topic", Err: err}
 	}

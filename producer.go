@@ -146,6 +146,10 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 // overflow Send waits for room until ctx is done. The caller must not
 // modify m afterwards.
 func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
+	if err := checkContext(ctx); err != nil {
+		p.failed.Add(1)
+		return SendResult{}, &Error{Op: "send", Err: err}
+	}
 	r, err := p.send(ctx, m, true)
 	if err != nil {
 		p.failed.Add(1)
@@ -305,6 +309,9 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 // sendBatch is SendBatch; it returns the stamped messages too, for the
 // hooks (nil when nothing was stamped).
 func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult, []EnhancedMessage, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, nil, &Error{Op: "send batch", Err: err}
+	}
 	if len(msgs) == 0 {
 		if p.closed.Load() {
 			return nil, nil, &Error{Op: "send batch", Err: ErrClosed}

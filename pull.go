@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"iter"
-	"strings"
 	"sync"
 )
 
@@ -28,17 +27,21 @@ type PullConsumer struct {
 	last []*EnhancedMessage
 }
 
-// NewPullConsumer returns a pull consumer for topic in group. It takes the
-// options of [Broker.NewConsumer] except the push-only ones
-// (WithConcurrency, Ordered, WithRetry, WithDeadLetter), which are
-// [ErrInvalidOption], and it takes [WithAutoCommit].
-func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*PullConsumer, error) {
-	cfg, err := newConsumerConfig(group, topic, opts)
+// NewPullConsumer returns a pull consumer for topic in group. It takes
+// every [GroupOption] and [WithAutoCommit]; the push-only options
+// (Ordered, WithConcurrency, WithRetry, WithMaxRetryBackoff,
+// WithDeadLetter) are [ConsumerOption]s, which it does not take. Bad
+// names and option values are as for [Broker.NewConsumer].
+func (b *Broker) NewPullConsumer(group, topic string, opts ...PullConsumerOption) (*PullConsumer, error) {
+	cfg, err := newConsumerConfig(group, topic, func(c *consumerConfig) {
+		for _, o := range opts {
+			if o != nil {
+				o.applyPull(c)
+			}
+		}
+	})
 	if err != nil {
 		return nil, &Error{Op: "new pull consumer", Err: err}
-	}
-	if len(cfg.pushOnly) > 0 {
-		return nil, &Error{Op: "new pull consumer", Err: fmt.Errorf("%w: %s is for push consumers", ErrInvalidOption, strings.Join(cfg.pushOnly, ", "))}
 	}
 	if b.closed.Load() {
 		return nil, &Error{Op: "new pull consumer", Err: ErrClosed}
@@ -52,6 +55,9 @@ func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*
 // its first assignment; see [Consumer.Start]: ctx bounds only the wait,
 // never the consumer. Poll and Messages call it if needed.
 func (c *PullConsumer) Start(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "start pull consumer", Err: err}
+	}
 	if err := c.m.start(ctx, nil); err != nil {
 		return &Error{Op: "start pull consumer", Err: err}
 	}
@@ -65,6 +71,9 @@ func (c *PullConsumer) Start(ctx context.Context) error {
 // messages of earlier Polls finished. The caller owns the slice; the
 // messages are shared with other groups and must not be modified.
 func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "poll", Err: err}
+	}
 	if max < 1 {
 		return nil, &Error{Op: "poll", Err: fmt.Errorf("%w: max %d", ErrInvalidOption, max)}
 	}
@@ -154,6 +163,9 @@ func (c *PullConsumer) finish(msgs []*EnhancedMessage) []*queueRun {
 // longer holds are ignored (the next owner delivers them again). After
 // Close it is [ErrClosed].
 func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "commit", Err: err}
+	}
 	c.m.mu.Lock()
 	closed := c.m.state == memberClosed
 	c.m.mu.Unlock()
@@ -178,6 +190,10 @@ func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) err
 // [PullConsumer.Commit].
 func (c *PullConsumer) Messages(ctx context.Context) iter.Seq2[*EnhancedMessage, error] {
 	return func(yield func(*EnhancedMessage, error) bool) {
+		if err := checkContext(ctx); err != nil {
+			yield(nil, &Error{Op: "messages", Err: err})
+			return
+		}
 		if err := c.Start(ctx); err != nil {
 			yield(nil, &Error{Op: "messages", Err: err})
 			return

@@ -7,7 +7,8 @@ import (
 
 // WritableQueue is the write side of a queue.
 //
-// Implementations must be safe for concurrent use.
+// Implementations must be safe for concurrent use. A nil ctx is
+// [ErrInvalidOption].
 type WritableQueue interface {
 	// ID returns the queue's identity.
 	ID() QueueID
@@ -25,6 +26,7 @@ type WritableQueue interface {
 // ReadableQueue is the read side of a queue.
 //
 // Implementations must be safe for concurrent use by any number of readers.
+// A nil ctx is [ErrInvalidOption].
 type ReadableQueue interface {
 	// ID returns the queue's identity.
 	ID() QueueID
@@ -41,9 +43,12 @@ type ReadableQueue interface {
 }
 
 // OffsetsContexter is an optional interface of a [ReadableQueue] whose
-// offsets live across a network (a distributed storage): OffsetsContext
-// is Offsets bounded by ctx, with the error Offsets cannot return. The
-// consumer uses it where a queue has it.
+// offsets live across a network (a distributed storage, natsstore's):
+// OffsetsContext is Offsets bounded by ctx, with the error Offsets cannot
+// return. A ctx already done is its error, a nil ctx [ErrInvalidOption];
+// after Close it is [ErrClosed]. The consumer's take and reset,
+// [Broker.Lag], [Broker.Groups], [Broker.ResetGroup] and Seek use it
+// where a queue has it.
 type OffsetsContexter interface {
 	OffsetsContext(ctx context.Context) (oldest, next int64, err error)
 }
@@ -106,7 +111,7 @@ type Releaser interface {
 // Storage opens queues and keeps topic metadata.
 //
 // Implementations must be safe for concurrent use. After Close every method
-// returns [ErrClosed].
+// returns [ErrClosed]. A nil ctx is [ErrInvalidOption].
 type Storage interface {
 	// OpenQueue opens queue number queue (in [0, meta.Queues)) of the topic
 	// meta describes, creating it empty if needed. Invalid metadata or
@@ -124,7 +129,7 @@ type Storage interface {
 // topics (see [Broker.DeleteTopic]): DeleteTopic closes the topic's open
 // queues, forgets its metadata and frees what its messages took (memory,
 // files). Deleting a topic the storage does not hold does nothing; an
-// invalid name is [ErrInvalidTopic].
+// invalid name is [ErrInvalidTopic], a nil ctx [ErrInvalidOption].
 type TopicDeleter interface {
 	DeleteTopic(ctx context.Context, name string) error
 }
@@ -135,7 +140,8 @@ type TopicDeleter interface {
 // is found by the others. [Broker.CreateTopic] and a broker's lookup of a
 // topic it does not know use it when the storage has it; over another
 // storage, CreateTopic compares with Topics and then saves, which two
-// brokers may race, and a lookup lists every topic.
+// brokers may race, and a lookup lists every topic. A nil ctx is
+// [ErrInvalidOption].
 type SharedStorage interface {
 	// CreateTopic records meta unless the storage holds a topic of that
 	// name: with equal metadata (after [TopicMeta.Normalized]) it does

@@ -36,8 +36,8 @@ func Append(dst []byte, m *ferry.EnhancedMessage) []byte {
 	dst = appendString(dst, m.Topic)
 	dst = appendString(dst, m.Key)
 	dst = appendString(dst, m.Tag)
-	dst = appendString(dst, m.BornAddress())
-	dst = appendString(dst, m.Producer())
+	dst = appendString(dst, m.BornHost())
+	dst = appendString(dst, m.ProducerName())
 	dst = binary.AppendUvarint(dst, uint64(len(m.Headers)))
 	for k, v := range m.Headers {
 		dst = appendString(dst, k)
@@ -51,7 +51,7 @@ func Append(dst []byte, m *ferry.EnhancedMessage) []byte {
 func Size(m *ferry.EnhancedMessage) int {
 	n := 1 + len(m.ID) + uvarintLen(uint64(m.Queue)) + varintLen(m.Offset) +
 		timeLen(m.BornUnixNano) + timeLen(m.StoreUnixNano) +
-		strLen(m.Topic) + strLen(m.Key) + strLen(m.Tag) + strLen(m.BornAddress()) + strLen(m.Producer()) +
+		strLen(m.Topic) + strLen(m.Key) + strLen(m.Tag) + strLen(m.BornHost()) + strLen(m.ProducerName()) +
 		uvarintLen(uint64(len(m.Headers))) + uvarintLen(uint64(len(m.Body))) + len(m.Body)
 	for k, v := range m.Headers {
 		n += strLen(k) + strLen(v)

@@ -120,8 +120,8 @@ func TestCodecSharesOrigins(t *testing.T) {
 
 	none := decode("", "")
 	assert.Nil(t, none.Origin)
-	assert.Equal(t, "", none.Producer())
-	assert.Equal(t, "", none.BornAddress())
+	assert.Equal(t, "", none.ProducerName())
+	assert.Equal(t, "", none.BornHost())
 	assert.True(t, none.BornTime().IsZero())
 	assert.True(t, none.StoreTime().IsZero())
 }

@@ -151,8 +151,9 @@ func bodyID(body []byte) uint64 {
 type churnMember struct {
 	id, group string
 	pull      bool
-	fragile   bool // a tiny drain timeout: Close while busy is a crash
-	opts      []ferry.ConsumerOption
+	fragile   bool                       // a tiny drain timeout: Close while busy is a crash
+	opts      []ferry.ConsumerOption     // a push member's
+	pullOpts  []ferry.PullConsumerOption // a pull member's
 	push      *ferry.Consumer
 	pc        *ferry.PullConsumer
 	closing   atomic.Bool
@@ -352,7 +353,7 @@ func (c *churn) step() {
 	case a < 8:
 		if m := c.pick("", nil); m != nil {
 			c.closeMember(m, false)
-			c.start(m.group, m.id, m.pull, m.fragile, m.opts)
+			c.start(m.group, m.id, m.pull, m.fragile, m.opts, m.pullOpts)
 		}
 	}
 }
@@ -400,34 +401,44 @@ func (c *churn) join(group string, pull, fragile bool) {
 		kind += "f"
 	}
 	id := fmt.Sprintf("%s-%s-%d", group, kind, c.seq)
-	opts := []ferry.ConsumerOption{
+	shared := []ferry.GroupOption{
 		ferry.WithMemberID(id),
 		ferry.WithBuffer(8+c.rng.IntN(64), 1<<20),
 		ferry.WithOnReset(func(q ferry.QueueID, from, to int64) { c.tr.reset(group, q, from, to) }),
 	}
-	if !pull {
-		workers := 1 + c.rng.IntN(4)
-		c.tr.setWorkers(id, workers)
-		opts = append(opts, ferry.WithConcurrency(workers),
-			ferry.WithRetry(4, 200*time.Microsecond), ferry.WithMaxRetryBackoff(time.Millisecond))
-		if churnGroups[group] {
-			opts = append(opts, ferry.Ordered())
+	if pull {
+		var opts []ferry.PullConsumerOption
+		for _, o := range shared {
+			opts = append(opts, o)
 		}
-		if fragile {
-			opts = append(opts, ferry.WithDrainTimeout(time.Millisecond))
-		}
+		c.start(group, id, pull, fragile, nil, opts)
+		return
 	}
-	c.start(group, id, pull, fragile, opts)
+	var opts []ferry.ConsumerOption
+	for _, o := range shared {
+		opts = append(opts, o)
+	}
+	workers := 1 + c.rng.IntN(4)
+	c.tr.setWorkers(id, workers)
+	opts = append(opts, ferry.WithConcurrency(workers),
+		ferry.WithRetry(4, 200*time.Microsecond), ferry.WithMaxRetryBackoff(time.Millisecond))
+	if churnGroups[group] {
+		opts = append(opts, ferry.Ordered())
+	}
+	if fragile {
+		opts = append(opts, ferry.WithDrainTimeout(time.Millisecond))
+	}
+	c.start(group, id, pull, fragile, opts, nil)
 }
 
-// start makes and starts a member; a pull member starts through its first
-// Poll, in its loop.
-func (c *churn) start(group, id string, pull, fragile bool, opts []ferry.ConsumerOption) {
-	m := &churnMember{id: id, group: group, pull: pull, fragile: fragile, opts: opts,
+// start makes and starts a member with opts (push) or pullOpts (pull); a
+// pull member starts through its first Poll, in its loop.
+func (c *churn) start(group, id string, pull, fragile bool, opts []ferry.ConsumerOption, pullOpts []ferry.PullConsumerOption) {
+	m := &churnMember{id: id, group: group, pull: pull, fragile: fragile, opts: opts, pullOpts: pullOpts,
 		poll: []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond}[c.rng.IntN(3)]}
 	var err error
 	if pull {
-		m.pc, err = c.b.NewPullConsumer(group, churnTopic, opts...)
+		m.pc, err = c.b.NewPullConsumer(group, churnTopic, pullOpts...)
 		must(c.t, err, "new pull consumer")
 		ctx, cancel := context.WithCancel(context.Background())
 		m.stopLoop, m.loopDone = cancel, make(chan struct{})

@@ -87,6 +87,10 @@ const blockedFor = 30 * time.Millisecond
 //     in the order the lock was taken.
 //   - ConcurrentMembership: members joining and leaving at once end in
 //     the membership every session sees.
+//   - NilContext: Join, Members, Lock, Release and Leave with a nil
+//     context are [ferry.ErrInvalidOption], never a panic, and change
+//     nothing: the member stays alone in its group, its session and
+//     lease live, and the lock stays held.
 func TestCoordinator(t *testing.T, f CoordinatorFeatures, open CoordinatorOpener) {
 	t.Helper()
 	s := &coordSuite{f: f, open: open}
@@ -104,6 +108,7 @@ func TestCoordinator(t *testing.T, f CoordinatorFeatures, open CoordinatorOpener
 	run(t, ff, "Expiry", s.expiry)
 	run(t, ff, "ConcurrentLocks", s.concurrentLocks)
 	run(t, ff, "ConcurrentMembership", s.concurrentMembership)
+	run(t, ff, "NilContext", s.nilContext)
 }
 
 type coordSuite struct {

@@ -63,6 +63,9 @@ func NewFakeCoordinator() *FakeCoordinator {
 
 // Join implements [ferry.Coordinator].
 func (c *FakeCoordinator) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, fmt.Errorf("ferrytest: join %s: %w", g, err)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -85,6 +88,9 @@ func (c *FakeCoordinator) Join(ctx context.Context, g ferry.GroupKey, member str
 
 // Members implements [ferry.Coordinator].
 func (c *FakeCoordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, fmt.Errorf("ferrytest: members of %s: %w", g, err)
+	}
 	return c.inner.Members(ctx, g)
 }
 
@@ -211,6 +217,9 @@ func (s *fakeSession) Members() []string        { return s.inner.Members() }
 func (s *fakeSession) Done() <-chan struct{}    { return s.inner.Done() }
 
 func (s *fakeSession) Lock(ctx context.Context, queue int) (ferry.Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, fmt.Errorf("ferrytest: lock %s queue %d: %w", s.g, queue, err)
+	}
 	in, err := s.inner.Lock(ctx, queue)
 	if err != nil {
 		return nil, err
@@ -229,6 +238,9 @@ func (s *fakeSession) Lock(ctx context.Context, queue int) (ferry.Lease, error) 
 }
 
 func (s *fakeSession) Leave(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return fmt.Errorf("ferrytest: leave %s: %w", s.g, err)
+	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
 	s.endLocked(false)
@@ -268,6 +280,9 @@ func (l *fakeLease) Token() uint64         { return l.inner.Token() }
 func (l *fakeLease) Lost() <-chan struct{} { return l.lost }
 
 func (l *fakeLease) Release(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return fmt.Errorf("ferrytest: release %s queue %d: %w", l.s.g, l.q, err)
+	}
 	l.s.c.mu.Lock()
 	defer l.s.c.mu.Unlock()
 	if l.gone {

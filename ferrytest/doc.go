@@ -9,9 +9,11 @@
 // [ferry.Storage], [ferry.CursorStore], [ferry.Allocator] or
 // [ferry.Coordinator] keeps the contract its doc states (TestCursorStore
 // checks the optional [ferry.CursorGroups] and [ferry.FencedCursorStore]
-// too, when the store has them). Each takes a factory and builds a fresh instance for every
-// subtest, so subtests never see each other's state, and runs every subtest
-// under a watchdog: a subtest that makes no progress within
+// too, when the store has them), a nil context included: every method
+// taking one must refuse it with [ferry.ErrInvalidOption], never panic.
+// Each takes a factory and builds a fresh instance for every subtest, so
+// subtests never see each other's state, and runs every subtest under a
+// watchdog: a subtest that makes no progress within
 // [Features].Timeout fails with the stacks of every goroutine, its context
 // is cancelled and its instance closed; if it still does not return, the
 // test binary panics with the stacks instead of hanging. [Features] says

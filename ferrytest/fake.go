@@ -205,6 +205,9 @@ func (q *FakeQueue) ID() ferry.QueueID { return q.mem.ID() }
 
 // Write implements [ferry.WritableQueue], applying the injected faults.
 func (q *FakeQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, fmt.Errorf("ferrytest: write %s: %w", q.ID(), err)
+	}
 	return q.write(ctx, msgs, func() (int64, error) { return q.mem.Write(ctx, msgs) })
 }
 
@@ -248,6 +251,9 @@ func (q *FakeQueue) inject(ctx context.Context, msgs []*ferry.EnhancedMessage) e
 
 // Read implements [ferry.ReadableQueue], calling the read hook first.
 func (q *FakeQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, fmt.Errorf("ferrytest: read %s: %w", q.ID(), err)
+	}
 	for _, f := range []*faults{&q.own, q.shared} {
 		if f == nil {
 			continue

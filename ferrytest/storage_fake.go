@@ -101,6 +101,9 @@ func (s *FakeStorage) record(c WriteCall) {
 
 // OpenQueue implements [ferry.Storage].
 func (s *FakeStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, fmt.Errorf("ferrytest: open queue: %w", err)
+	}
 	if err := meta.Validate(); err != nil {
 		return nil, &ferry.Error{Op: "ferrytest: open queue", Err: err}
 	}
@@ -127,6 +130,9 @@ func (s *FakeStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue
 
 // Topics implements [ferry.Storage].
 func (s *FakeStorage) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, fmt.Errorf("ferrytest: topics: %w", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -142,6 +148,9 @@ func (s *FakeStorage) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 
 // SaveTopic implements [ferry.Storage].
 func (s *FakeStorage) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return fmt.Errorf("ferrytest: save topic: %w", err)
+	}
 	if err := meta.Validate(); err != nil {
 		return &ferry.Error{Op: "ferrytest: save topic", Err: err}
 	}

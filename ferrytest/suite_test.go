@@ -158,6 +158,10 @@ var brokenCases = map[string]brokenCase{
 		},
 		want: "with stale token 4: got no error, want fenced",
 	},
+	"nil-ctx-panics": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("nil-ctx-panics")) },
+		want: "Write with a nil context panicked",
+	},
 	"allocator-two-owners": {
 		run: func(t *testing.T) {
 			ferrytest.TestAllocator(t, func(t *testing.T) ferry.Allocator {
@@ -248,6 +252,9 @@ func brokenQueueFactory(mode string) ferrytest.QueueFactory {
 }
 
 func (q *brokenQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if q.mode == "nil-ctx-panics" {
+		_ = ctx.Err() // a nil ctx panics here
+	}
 	if q.mode == "write-not-atomic" {
 		if i := slices.Index(msgs, nil); i > 0 {
 			_, _ = q.MemoryQueue.Write(ctx, msgs[:i])

@@ -351,6 +351,9 @@ func (c *cursorStore) close() error {
 // Load implements [ferry.CursorStore]. Cursors Open clamped come back
 // clamped (see [Store.Recovery]).
 func (st *Store) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
+	}
 	return st.cursors.load(ctx, topic, group, queues)
 }
 
@@ -358,6 +361,9 @@ func (st *Store) Load(ctx context.Context, topic, group string, queues int) ([]i
 // the cursor file holding it is durable; concurrent commits share one
 // write. Otherwise it returns at once and the file follows the policy.
 func (st *Store) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
+	}
 	return st.cursors.commit(ctx, topic, group, queue, offset, 0, false)
 }
 
@@ -367,6 +373,9 @@ func (st *Store) Commit(ctx context.Context, topic, group string, queue int, off
 // that starts again starts its tokens again, so tokens kept across a
 // restart would fence every commit after it.
 func (st *Store) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
+	}
 	return st.cursors.commit(ctx, topic, group, queue, offset, token, true)
 }
 
@@ -459,12 +468,18 @@ func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
 
 // Cursors implements [ferry.CursorGroups].
 func (st *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
+	}
 	return st.cursors.cursors(ctx, topic, queues)
 }
 
 // Forget implements [ferry.CursorGroups]. It returns once the cursor file
 // without group's cursors is written, whatever the sync policy.
 func (st *Store) Forget(ctx context.Context, topic, group string) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
+	}
 	return st.cursors.forget(ctx, topic, group)
 }
 

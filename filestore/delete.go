@@ -25,6 +25,9 @@ const deletedPrefix = "~deleted-"
 // crash left of a deletion. Deleting a topic the store does not hold does
 // nothing. Cursors stay (see [Store.Forget]).
 func (st *Store) DeleteTopic(ctx context.Context, name string) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: delete topic", Err: err}
+	}
 	if err := ferry.ValidateTopicName(name); err != nil {
 		return &ferry.Error{Op: "filestore: delete topic", Err: err}
 	}

@@ -173,6 +173,9 @@ func (q *queue) poke() {
 // fdatasync, and with [ferry.Block] overflow leaves when ctx ends while it
 // waits for room.
 func (q *queue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}
+	}
 	return q.write(ctx, msgs, false)
 }
 
@@ -199,7 +202,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s: message %d", q.id, i), Err: fmt.Errorf("%w: nil", ferry.ErrInvalidMessage)}
 		}
 		ms, limit := m.Size(), q.cfg.maxFrameBytes-frameHeader
-		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornAddress())+len(m.Producer())+maxCodecFixed+maxCodecGrowth > limit {
+		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornHost())+len(m.ProducerName())+maxCodecFixed+maxCodecGrowth > limit {
 			if n := codec.Size(m) + maxCodecGrowth; n > limit {
 				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s: message %d", q.id, i), Err: fmt.Errorf("%w: %d bytes encoded, a frame holds %d", ferry.ErrMessageTooLarge, n, limit)}
 			}

@@ -21,6 +21,9 @@ func (q *queue) Offsets() (oldest, next int64) {
 // Read implements [ferry.ReadableQueue]. Recent messages come from the
 // cache, shared with every reader; older ones are decoded from disk.
 func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: err}
+	}
 	if len(dst) == 0 {
 		return 0, nil
 	}

@@ -194,11 +194,17 @@ func (st *ReadOnlyStore) Topic(ctx context.Context, name string) (ferry.TopicMet
 
 // SaveTopic implements [ferry.Storage]: [ErrReadOnly].
 func (st *ReadOnlyStore) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: save topic", Err: err}
+	}
 	return &ferry.Error{Op: fmt.Sprintf("filestore: save topic %q", meta.Name), Err: ErrReadOnly}
 }
 
 // CreateTopic implements [ferry.SharedStorage]: [ErrReadOnly].
 func (st *ReadOnlyStore) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: create topic", Err: err}
+	}
 	return &ferry.Error{Op: fmt.Sprintf("filestore: create topic %q", meta.Name), Err: ErrReadOnly}
 }
 
@@ -211,6 +217,9 @@ func (st *ReadOnlyStore) OpenQueue(ctx context.Context, meta ferry.TopicMeta, qu
 }
 
 func (st *ReadOnlyStore) queue(ctx context.Context, meta ferry.TopicMeta, queue int) (*roQueue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
@@ -292,6 +301,9 @@ func (st *ReadOnlyStore) Segments(ctx context.Context, topic string, queue int) 
 
 // check returns ErrClosed after Close, or ctx's error.
 func (st *ReadOnlyStore) check(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	if st.isClosed() {
 		return ferry.ErrClosed
 	}
@@ -368,16 +380,25 @@ func (st *ReadOnlyStore) Cursors(ctx context.Context, topic string, queues int) 
 
 // Commit implements [ferry.CursorStore]: [ErrReadOnly].
 func (st *ReadOnlyStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
+	}
 	return &ferry.Error{Op: "filestore: commit cursor", Err: ErrReadOnly}
 }
 
 // CommitFenced implements [ferry.FencedCursorStore]: [ErrReadOnly].
 func (st *ReadOnlyStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
+	}
 	return &ferry.Error{Op: "filestore: commit cursor", Err: ErrReadOnly}
 }
 
 // Forget implements [ferry.CursorGroups]: [ErrReadOnly].
 func (st *ReadOnlyStore) Forget(ctx context.Context, topic, group string) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
+	}
 	return &ferry.Error{Op: "filestore: forget cursor", Err: ErrReadOnly}
 }
 
@@ -452,6 +473,9 @@ func (q *roQueue) ID() ferry.QueueID { return q.id }
 
 // Write implements [ferry.WritableQueue]: [ErrReadOnly].
 func (q *roQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}
+	}
 	return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ErrReadOnly}
 }
 
@@ -497,6 +521,9 @@ func (q *roQueue) bounds() (oldest, next int64) {
 // Read implements [ferry.ReadableQueue]. The messages are decoded for
 // this call: the caller owns them.
 func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: err}
+	}
 	if len(dst) == 0 {
 		return 0, nil
 	}

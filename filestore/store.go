@@ -280,6 +280,9 @@ func (st *Store) Dir() string { return st.dir }
 // returns it (taking meta's retention); one that was closed is recovered
 // from disk again.
 func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
@@ -323,6 +326,9 @@ func (st *Store) forget(q *queue) {
 
 // Topics implements [ferry.Storage].
 func (st *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "filestore: topics", Err: err}
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
@@ -350,6 +356,9 @@ func (st *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 
 // Topic implements [ferry.SharedStorage].
 func (st *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
+	}
 	if err := ctx.Err(); err != nil {
 		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
 	}
@@ -368,6 +377,9 @@ func (st *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error
 var _ ferry.SharedStorage = (*Store)(nil)
 
 func (st *Store) saveTopic(ctx context.Context, op string, meta ferry.TopicMeta, ifAbsent bool) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: " + op, Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return &ferry.Error{Op: "filestore: " + op, Err: err}
 	}

@@ -64,6 +64,9 @@ var (
 // they are absent. A bucket made before with another TTL is
 // [ferry.ErrInvalidOption]: every member must agree on the TTL.
 func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Coordinator, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: coordinator", Err: err}
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, &ferry.Error{Op: "natsstore: coordinator", Err: err}
@@ -98,6 +101,9 @@ func groupPrefix(g ferry.GroupKey) string { return encodeToken(g.Scope) + "." + 
 
 // Join implements [ferry.Coordinator].
 func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
+	}
 	if g.Scope == "" || member == "" {
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: fmt.Errorf("%w: empty group or member", ferry.ErrInvalidOption)}
 	}
@@ -241,6 +247,9 @@ func (c *Coordinator) deleteKey(kv jetstream.KeyValue, key string, rev uint64) {
 
 // Members implements [ferry.Coordinator].
 func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
+	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
@@ -480,6 +489,9 @@ func (s *session) finish(leases []*lease, rev uint64, lost bool) {
 
 // Leave implements [ferry.Session].
 func (s *session) Leave(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: leave %s", s.g), Err: err}
+	}
 	s.end(false)
 	s.wg.Wait()
 	return nil
@@ -490,6 +502,9 @@ func (s *session) lockKey(q int) string { return s.prefix + "." + strconv.Itoa(q
 // Lock implements [ferry.Session]: a KV create of the lock key; while it
 // exists, a watch of the key wakes the waiter on its deletion or expiry.
 func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: err}
+	}
 	if q < 0 || q >= ferry.MaxQueues {
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: fmt.Errorf("%w: out of range", ferry.ErrInvalidOption)}
 	}
@@ -614,6 +629,9 @@ func (l *lease) Lost() <-chan struct{} { return l.lost }
 // Release implements [ferry.Lease]: a delete checked against the lease's
 // revision, so it never frees a lock someone else holds now.
 func (l *lease) Release(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: release %s queue %d", l.s.g, l.q), Err: err}
+	}
 	l.give(false)
 	return nil
 }

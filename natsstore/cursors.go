@@ -49,6 +49,9 @@ func parseCursorKey(key string) (group string, q int, ok bool) {
 
 // Load implements [ferry.CursorStore]: one watch of the group's keys.
 func (s *Store) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: err}
+	}
 	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: err}
 	}
@@ -82,6 +85,9 @@ func (s *Store) Load(ctx context.Context, topic, group string, queues int) ([]in
 
 // Commit implements [ferry.CursorStore]; it keeps the key's token.
 func (s *Store) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
+	}
 	return s.commit(ctx, topic, group, queue, offset, 0, false)
 }
 
@@ -89,6 +95,9 @@ func (s *Store) Commit(ctx context.Context, topic, group string, queue int, offs
 // that refuses, writing nothing, when the stored token is higher than
 // token. Tokens live in the bucket, so they outlive every process.
 func (s *Store) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
+	}
 	return s.commit(ctx, topic, group, queue, offset, token, true)
 }
 
@@ -151,6 +160,9 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 
 // Cursors implements [ferry.CursorGroups]: one watch of the topic's keys.
 func (s *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Cursors{}, &ferry.Error{Op: "natsstore: list cursors", Err: err}
+	}
 	if err := ferry.ValidateTopicCursorsArgs(topic, queues); err != nil {
 		return ferry.Cursors{}, &ferry.Error{Op: "natsstore: list cursors", Err: err}
 	}
@@ -200,6 +212,9 @@ func addCursor(out ferry.Cursors, e jetstream.KeyValueEntry, queues int) error {
 // Forget implements [ferry.CursorGroups]: it purges the group's keys of
 // the topic, tokens included.
 func (s *Store) Forget(ctx context.Context, topic, group string) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: forget cursor", Err: err}
+	}
 	if err := ferry.ValidateGroupCursorArgs(topic, group, 0); err != nil {
 		return &ferry.Error{Op: "natsstore: forget cursor", Err: err}
 	}

@@ -59,7 +59,9 @@
 //   - Latency: every write is a round trip to the stream's leader and,
 //     on R3, a replication (measured in the research notes this package
 //     follows: an acknowledged publish p50 32 µs on one server, 131 µs on
-//     three; a KV compare-and-set 26 / 88 µs). Offsets asks the server.
+//     three; a KV compare-and-set 26 / 88 µs). Offsets asks the server
+//     (under the caller's ctx where the broker calls it: see
+//     [ferry.OffsetsContexter]).
 //   - A write whose stream leader goes away is tried again (each try
 //     bounded by [WithOpTimeout]) with the same message IDs, so it is
 //     stored once; a crashed leader stalls writes for the Raft election

@@ -63,6 +63,8 @@ var (
 	_ ferry.Queue     = (*queue)(nil)
 	_ ferry.TryWriter = (*queue)(nil)
 	_ ferry.Releaser  = (*queue)(nil)
+
+	_ ferry.OffsetsContexter = (*queue)(nil)
 )
 
 // streamConfig maps meta's retention onto a stream.
@@ -105,6 +107,9 @@ func (s *Store) streamConfig(meta ferry.TopicMeta, name, subject string) jetstre
 // runs an ordered consumer of the stream while Reads wait at its end
 // (tail.go).
 func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (ferry.Queue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return nil, &ferry.Error{Op: "natsstore: open queue", Err: err}
 	}
@@ -225,6 +230,30 @@ func (q *queue) Offsets() (oldest, next int64) {
 	return q.oldest, q.next
 }
 
+// OffsetsContext implements [ferry.OffsetsContexter]: it asks the server
+// as Offsets does, but under ctx (bounded by the op timeout unless ctx
+// has a deadline), and returns the error instead of what it last knew:
+// the consumer's take and reset, Lag and ResetGroup call it, so a
+// caller's ctx ends their wait and a server that does not answer is an
+// error, not stale offsets. After Close it is [ferry.ErrClosed].
+func (q *queue) OffsetsContext(ctx context.Context) (oldest, next int64, err error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, 0, &ferry.Error{Op: fmt.Sprintf("natsstore: offsets %s", q.id), Err: err}
+	}
+	if q.isClosed() {
+		return 0, 0, &ferry.Error{Op: fmt.Sprintf("natsstore: offsets %s", q.id), Err: ferry.ErrClosed}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, &ferry.Error{Op: fmt.Sprintf("natsstore: offsets %s", q.id), Err: err}
+	}
+	if err := q.boundedRefresh(ctx); err != nil {
+		return 0, 0, &ferry.Error{Op: fmt.Sprintf("natsstore: offsets %s", q.id), Err: err}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.oldest, q.next, nil
+}
+
 // boundedRefresh is refresh bounded by the op timeout unless ctx has a
 // deadline: a request whose server dies gets no reply.
 func (q *queue) boundedRefresh(ctx context.Context) error {
@@ -246,6 +275,9 @@ func (q *queue) refresh(ctx context.Context) error {
 // offset on, or a direct batch get; at the end it waits for the tail to
 // be pushed a new message.
 func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: err}
+	}
 	if q.isClosed() {
 		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ferry.ErrClosed}
 	}
@@ -417,6 +449,9 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 // Write returns ctx's error and the batch may have been stored: write the
 // same messages again to learn their offset.
 func (q *queue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: err}
+	}
 	return q.write(ctx, msgs, true)
 }
 

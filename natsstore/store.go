@@ -44,6 +44,9 @@ var (
 // Open returns a Store over js, creating its buckets if they are absent
 // ("<prefix>_topics", "<prefix>_cursors"). ctx bounds the set-up.
 func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: open", Err: err}
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, &ferry.Error{Op: "natsstore: open", Err: err}
@@ -109,6 +112,9 @@ func decodeMeta(b []byte) (ferry.TopicMeta, error) {
 
 // Topics implements [ferry.Storage].
 func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: topics", Err: err}
+	}
 	if s.isClosed() {
 		return nil, &ferry.Error{Op: "natsstore: topics", Err: ferry.ErrClosed}
 	}
@@ -158,6 +164,9 @@ func scan(ctx context.Context, kv jetstream.KeyValue, filter string, f func(jets
 
 // SaveTopic implements [ferry.Storage].
 func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: save topic", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return &ferry.Error{Op: "natsstore: save topic", Err: err}
 	}
@@ -175,6 +184,9 @@ func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 // CreateTopic implements [ferry.SharedStorage]: a KV create, so of two
 // brokers creating one topic at once exactly one writes it.
 func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: create topic", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
 		return &ferry.Error{Op: "natsstore: create topic", Err: err}
 	}
@@ -202,6 +214,9 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 
 // Topic implements [ferry.SharedStorage].
 func (s *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return ferry.TopicMeta{}, &ferry.Error{Op: "natsstore: topic", Err: err}
+	}
 	if err := ferry.ValidateTopicName(name); err != nil {
 		return ferry.TopicMeta{}, &ferry.Error{Op: "natsstore: topic", Err: err}
 	}

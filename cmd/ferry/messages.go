@@ -117,7 +117,7 @@ func (p *printer) print(m *ferry.EnhancedMessage) error {
 		j := msgJSON{Topic: m.Topic, Queue: m.Queue, Offset: m.Offset, Key: m.Key, Tag: m.Tag, Headers: m.Headers, Body: p.bodyJSON(m.Body)}
 		if !p.a.noTimes {
 			bt, st := m.BornTime().UTC(), m.StoreTime().UTC()
-			j.ID, j.BornTime, j.StoreTime, j.Producer, j.BornAddress = m.ID.String(), &bt, &st, m.Producer(), m.BornAddress()
+			j.ID, j.BornTime, j.StoreTime, j.Producer, j.BornAddress = m.ID.String(), &bt, &st, m.ProducerName(), m.BornHost()
 		}
 		b, err := json.Marshal(j)
 		if err != nil {
