@@ -339,9 +339,11 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	}
 	batch := w.batch
 	for i, msg := range batch[:n] {
-		if r.finished.Load() {
-			// Released (the drain timed out): what has not
-			// started goes back unfinished, to the next owner.
+		if r.releasing.Load() {
+			// Revoked (a rebalance, Close, a lost lease): no handling
+			// starts, and what has not started goes back unfinished,
+			// to the next owner. (A pause or a seek lets a taken batch
+			// finish: its messages are in flight, which both wait for.)
 			r.buf.abandon(batch[i:n]...)
 			break
 		}
@@ -381,7 +383,7 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 	}
 	dctx.Context = r.hctx
 	for range 64 {
-		if r.releasing.Load() || r.paused.Load() || r.seeking.Load() {
+		if !r.admits() {
 			break
 		}
 		n, _ := r.buf.Take(one)
