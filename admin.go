@@ -420,7 +420,7 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 	}
 	var errs []error
 	for _, m := range local {
-		errs = append(errs, m.close())
+		errs = append(errs, m.closeAll())
 	}
 	b.mu.Lock()
 	if cur, _ := b.lookup(name); cur == t {

@@ -95,6 +95,7 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 	cfg.retryTopic = RetryTopic(group, topic)
 	c := &Consumer{m: newGroupMember(b, group, topic, cfg), h: h}
 	c.m.onChanged = func() { _ = c.ensureRetry(c.m.life, false) }
+	c.m.closeOwner = c.Close
 	return c, nil
 }
 

@@ -75,6 +75,11 @@ type groupMember struct {
 	// membership change (the consumer starts reading its retry topic
 	// once it exists).
 	onChanged func()
+	// closeOwner, when set, closes what runs the member: its Consumer,
+	// with the retry reader it runs beside it. The broker closes a
+	// member it ends for its own reasons (a forced DeleteTopic) through
+	// it, so that no member of the consumer outlives it.
+	closeOwner func() error
 
 	// The membership loop's state (see startLoop).
 	kicks   atomic.Int64
@@ -238,6 +243,15 @@ func (m *groupMember) waitSettled(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// closeAll closes the member with everything its owner runs (see
+// closeOwner): a push consumer's retry reader ends with it.
+func (m *groupMember) closeAll() error {
+	if m.closeOwner != nil {
+		return m.closeOwner()
+	}
+	return m.close()
 }
 
 // close releases every queue (draining, committing and unlocking each),

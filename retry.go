@@ -223,6 +223,7 @@ func (c *Consumer) newRetryMember(ctx context.Context, create bool) (*Consumer, 
 	cfg.startFrom = Earliest                 // every retry written before it starts
 	cfg.onAssigned, cfg.onRevoked = nil, nil // the user's queues are the topic's
 	rc := &Consumer{m: newGroupMember(b, m.group, name, &cfg), h: c.h}
+	rc.m.closeOwner = rc.Close
 	m.mu.Lock() // paused as the consumer's queues are
 	rc.m.pauseAll = m.pauseAll
 	for q, p := range m.paused {
