@@ -339,11 +339,9 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	}
 	batch := w.batch
 	for i, msg := range batch[:n] {
-		if r.releasing.Load() {
-			// Revoked (a rebalance, Close, a lost lease): no handling
-			// starts, and what has not started goes back unfinished,
-			// to the next owner. (A pause or a seek lets a taken batch
-			// finish: its messages are in flight, which both wait for.)
+		if r.finished.Load() {
+			// Released (the drain timed out): what has not
+			// started goes back unfinished, to the next owner.
 			r.buf.abandon(batch[i:n]...)
 			break
 		}

@@ -648,8 +648,7 @@ func (r *queueRun) setPaused(p bool) {
 // admits reports whether a take of r's messages may start: not once the
 // queue is revoked (releasing), and not while it is paused or a seek
 // waits for what is in flight. A worker's take from the scheduler and
-// each take of an ordered run check it; a batch already taken checks
-// releasing before each message (see deliverer.runBatch).
+// each take of an ordered run check it.
 func (r *queueRun) admits() bool {
 	return !r.releasing.Load() && !r.paused.Load() && !r.seeking.Load()
 }
