@@ -190,24 +190,19 @@ func (c *Consumer) Pause(queues ...QueueID) error {
 	if err := c.m.pause(true, queues); err != nil {
 		return &Error{Op: "pause", Err: err}
 	}
-	c.pauseRetries(true, queues)
+	c.pauseRetries()
 	return nil
 }
 
-// pauseRetries pauses (or resumes) the retries of the given queues, or of
-// every queue when none is given: the same queues of the retry topic.
-func (c *Consumer) pauseRetries(p bool, queues []QueueID) {
+// pauseRetries makes the retry reader's queues paused as the consumer's
+// are (see groupMember.pausesRetryQueue).
+func (c *Consumer) pauseRetries() {
 	c.retryMu.Lock()
 	rc := c.retry
 	c.retryMu.Unlock()
-	if rc == nil {
-		return
+	if rc != nil {
+		rc.m.repause()
 	}
-	ids := make([]QueueID, 0, len(queues))
-	for _, q := range queues {
-		ids = append(ids, QueueID{Topic: rc.m.topic, Queue: q.Queue})
-	}
-	_ = rc.m.pause(p, ids) // a queue beyond the retry topic's: nothing to pause
 }
 
 // Resume undoes [Consumer.Pause] for the given queues, or for every queue
@@ -216,7 +211,7 @@ func (c *Consumer) Resume(queues ...QueueID) error {
 	if err := c.m.pause(false, queues); err != nil {
 		return &Error{Op: "resume", Err: err}
 	}
-	c.pauseRetries(false, queues)
+	c.pauseRetries()
 	return nil
 }
 

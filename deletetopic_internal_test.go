@@ -40,3 +40,55 @@ func TestForceDeleteEndsRetryReaders(t *testing.T) {
 	require.NoError(t, b.DeleteTopic(ctx, "t", ForceDelete()))
 	assert.Zero(t, b.Stats().Consumers, "members left running after the forced delete")
 }
+
+// Pausing a queue pauses its retries too, wherever they wait: after
+// AddQueues a queue's retries may share a retry-topic queue with another
+// queue's (the retry topic keeps the count it was made with), and that
+// retry queue is paused while any of the queues whose retries it holds
+// is; a retry reader started after the Pause starts paused.
+func TestPauseCoversRetriesAfterAddQueues(t *testing.T) {
+	ctx := context.Background()
+	b, err := NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "t", Queues: 2}))
+	p, err := b.NewProducer(WithRouter(ManualRouter(0)))
+	require.NoError(t, err)
+	_, err = p.Send(ctx, &Message{Topic: "t", Body: []byte("first")})
+	require.NoError(t, err)
+	retried := make(chan struct{}, 16)
+	c, err := b.NewConsumer("g", "t", HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
+		if d, _ := DeliveryFrom(ctx); d.Attempt == 1 {
+			return assert.AnError
+		}
+		retried <- struct{}{}
+		return nil
+	}), WithRetry(3, time.Millisecond))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	<-retried // the retry topic exists (2 queues) and its reader runs
+	c.retryMu.Lock()
+	rc := c.retry
+	c.retryMu.Unlock()
+	require.NotNil(t, rc)
+	retryPaused := func(q int) bool {
+		rc.m.mu.Lock()
+		defer rc.m.mu.Unlock()
+		r := rc.m.runs[q]
+		return r != nil && r.paused.Load()
+	}
+	require.Eventually(t, func() bool { return len(rc.Assigned()) == 2 }, 10*time.Second, time.Millisecond)
+
+	require.NoError(t, b.AddQueues(ctx, "t", 4))
+	require.Eventually(t, func() bool { return len(c.Assigned()) == 4 }, 10*time.Second, time.Millisecond)
+	q := func(i int) QueueID { return QueueID{Topic: "t", Queue: i} }
+	require.NoError(t, c.Pause(q(3)))
+	assert.True(t, retryPaused(1), "queue 3's retries wait in retry queue 1 (3 mod 2)")
+	assert.False(t, retryPaused(0))
+	require.NoError(t, c.Pause(q(1)))
+	require.NoError(t, c.Resume(q(3)))
+	assert.True(t, retryPaused(1), "queue 1 is still paused, and its retries wait there too")
+	require.NoError(t, c.Resume(q(1)))
+	assert.False(t, retryPaused(1))
+}

@@ -80,6 +80,11 @@ type groupMember struct {
 	// member it ends for its own reasons (a forced DeleteTopic) through
 	// it, so that no member of the consumer outlives it.
 	closeOwner func() error
+	// pausedBy, set for a retry reader, says whether its queue q is
+	// paused: its own Pause state is its consumer's (see
+	// pausesRetryQueue). It takes the consumer's member's lock under this
+	// member's, never the other way round.
+	pausedBy func(q int) bool
 
 	// The membership loop's state (see startLoop).
 	kicks   atomic.Int64
@@ -315,10 +320,45 @@ func (m *groupMember) pause(p bool, ids []QueueID) error {
 
 // pausedLocked reports whether queue q is to be paused. m.mu held.
 func (m *groupMember) pausedLocked(q int) bool {
+	if m.pausedBy != nil {
+		return m.pausedBy(q)
+	}
 	if p, ok := m.paused[q]; ok {
 		return p
 	}
 	return m.pauseAll
+}
+
+// repause sets each held queue's pause as pausedLocked says.
+func (m *groupMember) repause() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for q, r := range m.runs {
+		r.setPaused(m.pausedLocked(q))
+	}
+}
+
+// pausesRetryQueue reports whether queue q of a retry topic of n queues
+// is to be paused: while any of m's queues whose retries it holds (o with
+// o mod n = q: a topic grown by AddQueues keeps its retry topic's count)
+// is paused, so that pausing a queue pauses every retry of it, at the
+// cost of also holding back the retries it shares a retry queue with.
+func (m *groupMember) pausesRetryQueue(q, n int) bool {
+	if n <= 0 {
+		return false
+	}
+	queues := n
+	if v := m.view.Load(); v != nil {
+		queues = max(len(v.ids), n)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for o := q; o < queues; o += n {
+		if m.pausedLocked(o) {
+			return true
+		}
+	}
+	return false
 }
 
 // pausedQueues returns the queues held and paused, sorted.

@@ -224,14 +224,9 @@ func (c *Consumer) newRetryMember(ctx context.Context, create bool) (*Consumer, 
 	cfg.onAssigned, cfg.onRevoked = nil, nil // the user's queues are the topic's
 	rc := &Consumer{m: newGroupMember(b, m.group, name, &cfg), h: c.h}
 	rc.m.closeOwner = rc.Close
-	m.mu.Lock() // paused as the consumer's queues are
-	rc.m.pauseAll = m.pauseAll
-	for q, p := range m.paused {
-		if rc.m.paused == nil {
-			rc.m.paused = map[int]bool{}
-		}
-		rc.m.paused[q] = p
+	rc.m.pausedBy = func(q int) bool { // paused as the consumer's queues are
+		v := rc.m.view.Load()
+		return v != nil && m.pausesRetryQueue(q, len(v.ids))
 	}
-	m.mu.Unlock()
 	return rc, nil
 }
