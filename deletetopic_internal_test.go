@@ -92,3 +92,26 @@ func TestPauseCoversRetriesAfterAddQueues(t *testing.T) {
 	require.NoError(t, c.Resume(q(1)))
 	assert.False(t, retryPaused(1))
 }
+
+// A queue take in progress makes its own broker's workers yield, not
+// every broker's in the process.
+func TestUrgentIsPerBroker(t *testing.T) {
+	ctx := context.Background()
+	a, err := NewBroker()
+	require.NoError(t, err)
+	defer a.Close()
+	other, err := NewBroker()
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, a.CreateTopic(ctx, TopicMeta{Name: "t", Queues: 1}))
+	c, err := a.NewConsumer("g", "t", HandlerFunc(func(context.Context, *EnhancedMessage) error { return nil }))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	require.Zero(t, a.urgent.Load(), "queue 0 taken")
+	r := c.m.newRun(0, nil) // another take in progress
+	assert.Equal(t, int32(1), a.urgent.Load())
+	assert.Zero(t, other.urgent.Load(), "another broker's take")
+	r.markReady()
+	assert.Zero(t, a.urgent.Load())
+}

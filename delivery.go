@@ -149,14 +149,6 @@ func newDeliverer(m *groupMember, h Handler) *deliverer {
 	return d
 }
 
-// urgent counts the rebalances and queue takes in progress in the
-// process. While it is not zero, workers yield the processor between
-// batches: with CPU-bound handlers on every core, the goroutines that
-// release and take queues would otherwise wait behind them for whole
-// scheduler time slices (measured: a member joining a group of 256 queues
-// whose 20 workers spun took 0.45–1.1 s; with the yield, 59–69 ms).
-var urgent atomic.Int32
-
 // yieldEvery is how long a worker handles batches before it yields the
 // processor anyway, so that a goroutine that has just become runnable
 // (a membership change not yet seen) waits behind each busy worker for
@@ -365,7 +357,7 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	clear(batch[:n])
 	clear(finished)
 	w.finished = finished
-	if urgent.Load() > 0 || timed && end.Sub(w.yielded) > yieldEvery {
+	if m.b.urgent.Load() > 0 || timed && end.Sub(w.yielded) > yieldEvery {
 		// Let a rebalance, or whatever else waits, run (see urgent).
 		runtime.Gosched()
 		w.yielded = end

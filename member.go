@@ -717,8 +717,8 @@ func safeAllocate(a Allocator, group, self string, queues []QueueID, members []s
 // runs for the queues of mine not owned, which lock them in sess. It
 // returns the runs it started.
 func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
-	urgent.Add(1)
-	defer urgent.Add(-1)
+	m.b.urgent.Add(1)
+	defer m.b.urgent.Add(-1)
 	want := func(q int) bool { return slices.ContainsFunc(mine, func(id QueueID) bool { return id.Queue == q }) }
 	m.mu.Lock()
 	var lost []*queueRun

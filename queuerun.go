@@ -93,7 +93,7 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	r.hctx, r.hcancel = context.WithCancel(context.Background())
 	r.committed = -1
 	r.kicks.Store(noKick) // until the fetch loop starts
-	urgent.Add(1)         // until the queue is taken, or the take gives up
+	m.b.urgent.Add(1)     // until the queue is taken, or the take gives up
 	return r
 }
 
@@ -103,7 +103,7 @@ func (r *queueRun) runTask() { r.fetchLoop() }
 // markReady closes ready, once.
 func (r *queueRun) markReady() {
 	if r.readied.CompareAndSwap(false, true) {
-		urgent.Add(-1)
+		r.m.b.urgent.Add(-1)
 		close(r.ready)
 	}
 }
