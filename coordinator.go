@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // GroupKey names a group of members sharing the queues of one topic.
@@ -94,6 +95,22 @@ type Lease interface {
 	// Release gives the lock up if the lease still holds it; otherwise it
 	// does nothing. Idempotent.
 	Release(ctx context.Context) error
+}
+
+// DeadlineLease is a [Lease] that knows, by its holder's own clock, when
+// it may have expired: a lease renewed by heartbeats (natsstore's) counts
+// itself lost at its last confirmed renewal plus its TTL, minus a safety
+// margin. Its holder starts no work on the queue after the deadline, even
+// before Lost is closed: a process paused past its TTL (SIGSTOP, a long
+// GC, a stalled VM) wakes with its timers not yet run, and must not hand
+// a message the group has moved on to its handler. Optional: a lease
+// that cannot expire (MemoryCoordinator's) need not implement it.
+type DeadlineLease interface {
+	Lease
+	// Deadline returns the time after which the lease may have expired,
+	// and ok; ok is false while it has no deadline. It grows with each
+	// renewal. Safe for concurrent use.
+	Deadline() (deadline time.Time, ok bool)
 }
 
 // MemoryCoordinator is the in-memory [Coordinator], the default: it

@@ -276,7 +276,7 @@ func (d *deliverer) serve(w *worker, r *queueRun, it *retryItem) {
 	dctx := w.dctx
 	switch {
 	case it != nil:
-		if it.r.releasing.Load() {
+		if it.r.releasing.Load() || it.r.expired() {
 			it.r.buf.abandon(it.msg) // the next owner gets it again
 			return
 		}
@@ -331,9 +331,10 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	}
 	batch := w.batch
 	for i, msg := range batch[:n] {
-		if r.finished.Load() {
-			// Released (the drain timed out): what has not
-			// started goes back unfinished, to the next owner.
+		if r.finished.Load() || r.expired() {
+			// Released (the drain timed out), or the lease may have
+			// expired (the process was paused past its TTL): what has
+			// not started goes back unfinished, to the next owner.
 			r.buf.abandon(batch[i:n]...)
 			break
 		}
@@ -373,7 +374,7 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 	}
 	dctx.Context = r.hctx
 	for range 64 {
-		if !r.admits() {
+		if r.expired() || !r.admits() {
 			break
 		}
 		n, _ := r.buf.Take(one)
@@ -407,6 +408,9 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage) bool {
 	m := d.m
 	for attempt := 1; ; attempt++ {
+		if r.expired() {
+			return false
+		}
 		err := d.call(dctx, msg, attempt)
 		if err == nil {
 			return true

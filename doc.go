@@ -119,7 +119,8 @@
 //
 //   - the seams' contracts: [WritableQueue], [ReadableQueue], [Queue],
 //     [Storage], [CursorStore], [Coordinator], [Session], [Lease],
-//     [GroupKey], [Clock] and [Timer];
+//     [GroupKey], [Clock] and [Timer], and [DeadlineLease] for a lease that
+//     can expire by the clock;
 //   - the optional interfaces the broker finds by type assertion:
 //     [TryWriter] and [Releaser] on a queue, [SharedStorage] and
 //     [TopicDeleter] on a storage, [CursorGroups] (with [Cursor] and

@@ -108,6 +108,9 @@ func (c *PullConsumer) poll(ctx context.Context, dst []*EnhancedMessage) (int, e
 			}
 			return 0, ErrClosed
 		}
+		if r.expired() {
+			continue // the lease may have expired: the queue is lost
+		}
 		n, pending := r.buf.Take(dst)
 		if pending > 0 {
 			m.sched.push(r)

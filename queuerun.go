@@ -32,7 +32,10 @@ type queueRun struct {
 	queue Queue
 	sess  Session // the session the run locks its queue in
 	lease Lease   // set once locked, before owned
-	buf   *Buffer
+	// deadline is the lease when it can expire by the clock (see
+	// DeadlineLease); nil otherwise. Set with lease.
+	deadline DeadlineLease
+	buf      *Buffer
 
 	ctx    context.Context // fetch context; cancelled to release
 	cancel context.CancelFunc
@@ -139,6 +142,7 @@ func (r *queueRun) run() {
 func (r *queueRun) taken(lease Lease) {
 	m := r.m
 	r.lease = lease
+	r.deadline, _ = lease.(DeadlineLease)
 	r.stopWatch = r.watchLost()
 	start, err := r.load()
 	if err != nil {
@@ -650,7 +654,29 @@ func (r *queueRun) setPaused(p bool) {
 // waits for what is in flight. A worker's take from the scheduler and
 // each take of an ordered run check it.
 func (r *queueRun) admits() bool {
-	return !r.releasing.Load() && !r.paused.Load() && !r.seeking.Load()
+	return !r.releasing.Load() && !r.paused.Load() && !r.seeking.Load() && !r.pastDeadline()
+}
+
+// pastDeadline reports whether r's lease may have expired by this
+// process's clock (see DeadlineLease), though Lost may not be closed yet.
+func (r *queueRun) pastDeadline() bool {
+	if r.deadline == nil {
+		return false
+	}
+	d, ok := r.deadline.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
+// expired reports whether r's lease may have expired, and then loses the
+// queue at once (see lose), without waiting for Lost: every handling,
+// retry and take checks it before it starts. Not under the scheduler's
+// lock (lose revokes the run).
+func (r *queueRun) expired() bool {
+	if !r.pastDeadline() {
+		return false
+	}
+	r.lose()
+	return true
 }
 
 // revoke stops intake at once, before the run drains: no message is taken

@@ -597,6 +597,7 @@ func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher) error {
 // granted registers a lease of a created lock key and starts its renewal.
 func (s *session) granted(q int, key string, rev uint64, start time.Time) (ferry.Lease, error) {
 	l := &lease{s: s, q: q, key: key, token: rev, rev: rev, lost: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
+	l.until.Store(start.Add(time.Duration(float64(s.c.cfg.ttl) * s.c.cfg.safety)).UnixNano())
 	s.mu.Lock()
 	if s.ended {
 		s.mu.Unlock()
@@ -621,10 +622,20 @@ type lease struct {
 
 	rev  uint64 // guarded by s.mu
 	gone bool   // guarded by s.mu
+	// until is when the lease counts itself lost (Unix ns): the start of
+	// its last successful renewal + safety × TTL, as its lost timer.
+	until atomic.Int64
 }
+
+var _ ferry.DeadlineLease = (*lease)(nil)
 
 func (l *lease) Token() uint64         { return l.token }
 func (l *lease) Lost() <-chan struct{} { return l.lost }
+
+// Deadline implements [ferry.DeadlineLease]: the moment the lease's own
+// timer counts it lost, so a member paused past it starts nothing more
+// even before that timer has run.
+func (l *lease) Deadline() (time.Time, bool) { return time.Unix(0, l.until.Load()), true }
 
 // Release implements [ferry.Lease]: a delete checked against the lease's
 // revision, so it never frees a lock someone else holds now.
@@ -703,6 +714,7 @@ func (l *lease) renew(start time.Time) {
 			s.mu.Lock()
 			l.rev = nrev
 			s.mu.Unlock()
+			l.until.Store(start.Add(life).UnixNano())
 			lostTimer.Reset(time.Until(start.Add(life)))
 			unknown = time.Time{}
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
@@ -716,6 +728,7 @@ func (l *lease) renew(start time.Time) {
 				s.mu.Unlock()
 				// The try applied began no earlier than the first one
 				// since the last success.
+				l.until.Store(unknown.Add(life).UnixNano())
 				lostTimer.Reset(time.Until(unknown.Add(life)))
 				unknown = time.Time{}
 			case renewRefused:
