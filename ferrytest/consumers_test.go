@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -24,13 +25,14 @@ import (
 const brokenBackendEnv = "FERRYTEST_BROKEN_BACKEND"
 
 type brokenBackendCase struct {
-	subtests string // a -test.run pattern below the test
-	want     string // in the child's output; "" for the control, which must pass
+	subtests string        // a -test.run pattern below the test
+	timeout  time.Duration // ConsumerFeatures.Timeout; 0 for the default
+	want     string        // in the child's output; "" for the control, which must pass
 }
 
 var brokenBackendCases = map[string]brokenBackendCase{
 	"control":                {subtests: "(ExactlyOnceStableGroup|LeaseLoss)"},
-	"lost-never-closes":      {subtests: "LeaseLoss", want: "m-old's handler was not cancelled"},
+	"lost-never-closes":      {subtests: "LeaseLoss", timeout: 3 * time.Second, want: "m-old's handler was not cancelled"},
 	"tokens-never-grow":      {subtests: "LeaseLoss", want: "not larger than the old owner's"},
 	"cursor-ignores-fencing": {subtests: "LeaseLoss", want: "a late commit of the old owner"},
 	"spurious-fenced":        {subtests: "ExactlyOnceStableGroup", want: "ErrFenced must follow only a real loss of the lease"},
@@ -67,7 +69,8 @@ func brokenBackend(mode string) ferrytest.Backend {
 
 func TestConsumerSuiteCatchesBrokenBackends(t *testing.T) {
 	if mode, ok := os.LookupEnv(brokenBackendEnv); ok {
-		ferrytest.TestConsumers(t, ferrytest.ConsumerFeatures{}, func(t *testing.T) ferrytest.Backend { return brokenBackend(mode) })
+		f := ferrytest.ConsumerFeatures{Timeout: brokenBackendCases[mode].timeout}
+		ferrytest.TestConsumers(t, f, func(t *testing.T) ferrytest.Backend { return brokenBackend(mode) })
 		return
 	}
 	for mode, c := range brokenBackendCases {

@@ -707,6 +707,7 @@ func (s *coordSuite) signalled(t *testing.T, w *watchdog, c ferry.Coordinator) {
 		}
 		mw, mr = median(ws), median(rs)
 		if mw <= wakeFactor*mr+wakeSlack {
+			t.Logf("Wake: median wake-up %v after the Release, median unwaited Release and Lock %v (attempt %d)", mw, mr, attempt+1)
 			return
 		}
 		t.Logf("Wake attempt %d: median wake-up %v after the Release, median unwaited Release and Lock %v: slow (waking: %v; unwaited: %v)", attempt+1, mw, mr, ws, rs)

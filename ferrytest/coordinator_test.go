@@ -42,7 +42,7 @@ var brokenCoordCases = map[string]brokenCoordCase{
 	"polling":       {subtests: "Wake", want: "not woken (polling?)"},
 	// The negative controls of issue 32: each breaks one promise that
 	// the suite did not check before.
-	"queue-in-a-byte":     {subtests: "LockIndependent", want: "the two queues share a lock"},
+	"queue-in-a-byte":     {subtests: "LockIndependent", timeout: 2 * time.Second, want: "the two queues share a lock"},
 	"polling-100ms":       {subtests: "Wake", want: "not woken (polling?); want at most"},
 	"lost-after-done":     {subtests: "Close", want: "before Lost of its lease"},
 	"token-at-wait-start": {subtests: "TokenOrder", want: "tokens must grow in the order the lock is granted"},
