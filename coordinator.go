@@ -74,8 +74,10 @@ type Session interface {
 	// for the implementation is [ErrInvalidOption]. A session must not
 	// lock a queue it holds.
 	Lock(ctx context.Context, queue int) (Lease, error)
-	// Leave ends the session: its leases are released and the others are
-	// told. Leaving twice, or after expiry, is a no-op.
+	// Leave ends the session: every lease it did not release is lost
+	// (Lost closed, before anyone else can lock its queue, as for any
+	// session that ends) and its lock freed, and the others are told.
+	// Leaving twice, or after expiry, is a no-op.
 	Leave(ctx context.Context) error
 }
 
@@ -241,7 +243,7 @@ func (c *MemoryCoordinator) Close() error {
 	c.closed = true
 	for _, ms := range c.groups {
 		for _, s := range slices.Clone(ms) { // each unlists itself
-			s.endLocked(true)
+			s.endLocked()
 		}
 	}
 	return nil
@@ -349,19 +351,20 @@ func (s *memSession) Leave(ctx context.Context) error {
 	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
-	s.endLocked(false)
+	s.endLocked()
 	return nil
 }
 
-// endLocked ends the session: its leases are released (lost, unless it
-// left) and the group is told. s.c.mu held.
-func (s *memSession) endLocked(lost bool) {
+// endLocked ends the session: its leases are lost (Lost closed before
+// their locks are freed), the group is told, then Done is closed.
+// s.c.mu held.
+func (s *memSession) endLocked() {
 	if s.ended {
 		return
 	}
 	s.ended = true
 	for len(s.leases) > 0 {
-		s.leases[len(s.leases)-1].freeLocked(lost) // it unlists itself
+		s.leases[len(s.leases)-1].freeLocked(true) // it unlists itself
 	}
 	if ms := s.c.groups[s.g]; slices.Contains(ms, s) {
 		if ms = slices.DeleteFunc(ms, func(o *memSession) bool { return o == s }); len(ms) == 0 {

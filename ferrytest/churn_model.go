@@ -49,7 +49,10 @@ import (
 //     old owner abandoned, and a stale call of the old owner is an overlap;
 //   - cursor-backwards: a committed cursor never moves back (no reset is
 //     reported, and with default retention none may be: "reset");
-//   - self-closed: a pull consumer stays open until the test closes it.
+//   - self-closed: a pull consumer stays open until the test closes it;
+//   - unfenced-commit: over a [ferry.FencedCursorStore], every commit of
+//     the consumers reaches the store through CommitFenced, with its
+//     token (the tracker's own wrapper of the store keeps it).
 //
 // At the end of every round it waits (bounded by a watchdog that fails
 // with a dump of the tracker) until every produced offset is finished for
@@ -276,7 +279,7 @@ func (c *churn) open() {
 	}
 	b, err := ferry.NewBroker(
 		ferry.WithStorage(&trackedStorage{Storage: storage, tr: c.tr, failOf: failOf}),
-		ferry.WithCursorStore(newTrackedCursors(cursors, c.tr)),
+		ferry.WithCursorStore(newTrackedCursors(fenceProbe(cursors, c.tr), c.tr)),
 		ferry.WithCoordinator(c.be.Coordinator),
 		ferry.WithLogger(slog.New(trackLog{c.tr})))
 	must(t, err, "new broker")

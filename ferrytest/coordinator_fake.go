@@ -243,7 +243,7 @@ func (s *fakeSession) Leave(ctx context.Context) error {
 	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
-	s.endLocked(false)
+	s.endLocked(true) // a lease not released is lost when its session ends
 	return s.inner.Leave(ctx)
 }
 

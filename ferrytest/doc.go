@@ -33,8 +33,11 @@
 // a factory returns deliver exactly once in a stable group, resume from
 // committed cursors, keep per-key order, broadcast, poll and commit, and
 // lose nothing while members churn, including a model-based churn test
-// that reopens the backend between rounds when it can. The root package
-// runs it on memory; filestore and natsstore run it in their own tests;
+// that reopens the backend between rounds when it can, and, with
+// [Backend].Expire, stop at once when a lease is lost, the next owner
+// resuming from the last fenced commit. The root package runs it on
+// memory, this package on memory with a [FakeCoordinator]; filestore and
+// natsstore run it in their own tests;
 // [ConsumerFeatures] scales it down for a slow backend. Its helpers
 // ([Produce], [Tally], [StartConsumer], [Owners]) serve other consumer
 // tests too.

@@ -109,13 +109,19 @@ func TestCluster(t *testing.T) {
 var consumerFeatures = ferrytest.ConsumerFeatures{Scale: 0.1, Timeout: 30 * time.Second}
 
 // openBackend returns a store and a coordinator of a fresh deployment,
-// each over its own connection; Reopen opens the same prefix again.
+// each over its own connection; Reopen opens the same prefix again;
+// Expire deletes a member's key, as its expiry does.
 func openBackend(t *testing.T, c *cluster, prefix string) ferrytest.Backend {
 	s := openStore(t, c, prefix)
 	co := openCoordinator(t, c, prefix)
 	return ferrytest.Backend{
 		Storage: s, Cursors: s, Coordinator: co,
 		Reopen: func(t *testing.T) ferrytest.Backend { return openBackend(t, c, prefix) },
+		Expire: func(g ferry.GroupKey, member string) {
+			if err := natsstore.DeleteMember(context.Background(), co, g, member); err != nil {
+				t.Errorf("expire %s in %s: %v", member, g, err)
+			}
+		},
 	}
 }
 

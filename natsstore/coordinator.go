@@ -492,7 +492,7 @@ func (s *session) Leave(ctx context.Context) error {
 	if err := checkContext(ctx); err != nil {
 		return &ferry.Error{Op: fmt.Sprintf("natsstore: leave %s", s.g), Err: err}
 	}
-	s.end(false)
+	s.end(true) // a lease not released is lost when its session ends
 	s.wg.Wait()
 	return nil
 }
