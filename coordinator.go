@@ -477,8 +477,9 @@ func (l *memLease) afterLost(f func()) bool {
 }
 
 // lostNotifier is implemented by the leases of this package's
-// coordinators (and ferrytest's fake): they call f when lost, so that the
-// consumer watches them without a goroutine each.
+// coordinator (an unexported method: no other package's lease can): they
+// call f when lost, so that the consumer watches them without a goroutine
+// each; other leases are watched by a goroutine on Lost.
 type lostNotifier interface {
 	afterLost(f func()) bool
 }
