@@ -46,13 +46,15 @@ type asyncSend struct {
 type pipe struct {
 	p *Producer
 	q Queue
-	// mu guards pending and running; it is never held while a store
-	// writes (except a memory queue's write that does not wait) or while
-	// a callback runs.
+	// mu guards pending and the writes of running; it is never held
+	// while a store writes or a callback runs.
 	mu      sync.Mutex
 	pending []*asyncSend
 	spare   []*asyncSend // a drained pending slice, for reuse
-	running bool         // a goroutine drains pending
+	// running says a goroutine drains pending; it is false only while
+	// pending is empty and nothing is being written, so a send that sees
+	// it false (after every send made before it) may write at once.
+	running atomic.Bool
 }
 
 // SendAsync sends m as [Producer.Send] does, without waiting for the
@@ -243,17 +245,11 @@ func (p *Producer) pipeFor(q Queue) *pipe {
 // (as a Send, it takes no slot in the bound); it reports whether it did.
 func (pp *pipe) now(ctx context.Context, em *EnhancedMessage, now time.Time, done func(SendResult, error)) bool {
 	mq, ok := pp.q.(*MemoryQueue)
-	if !ok {
-		return false
-	}
-	pp.mu.Lock()
-	if pp.running {
-		pp.mu.Unlock()
+	if !ok || pp.running.Load() {
 		return false
 	}
 	one := [1]*EnhancedMessage{em}
 	_, err := mq.write(ctx, one[:], false, now)
-	pp.mu.Unlock()
 	if errors.Is(err, ErrQueueFull) {
 		return false // the pipe waits for room
 	}
@@ -280,8 +276,8 @@ func (pp *pipe) now(ctx context.Context, em *EnhancedMessage, now time.Time, don
 func (pp *pipe) add(s *asyncSend) {
 	pp.mu.Lock()
 	pp.pending = append(pp.pending, s)
-	if !pp.running {
-		pp.running = true
+	if !pp.running.Load() {
+		pp.running.Store(true)
 		pp.p.wg.Add(1) // the sender holds an outstanding send: Close has not reached wg.Wait
 		go pp.run()
 	}
@@ -294,7 +290,7 @@ func (pp *pipe) run() {
 	for {
 		pp.mu.Lock()
 		if len(pp.pending) == 0 {
-			pp.running = false
+			pp.running.Store(false)
 			pp.mu.Unlock()
 			return
 		}
