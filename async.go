@@ -46,6 +46,15 @@ type asyncSend struct {
 type pipe struct {
 	p *Producer
 	q Queue
+	// aw is q as an AsyncWriter (nil for the others and for Block
+	// topics): up to asyncWrites of its writes are in flight, their
+	// reports kept in order by reports.
+	aw      AsyncWriter
+	writes  chan struct{} // a token per write in flight (aw only)
+	rmu     sync.Mutex    // guards reports and draining
+	reports []*report     // writes begun, oldest first, not yet reported
+	// draining says a goroutine is running the reports at the head.
+	draining bool
 	// mu guards pending and the writes of running; it is never held
 	// while a store writes or a callback runs.
 	mu      sync.Mutex
@@ -79,8 +88,13 @@ type pipe struct {
 // write waiting for room on a [Block] topic ends when the ctx of every
 // send in it is done.
 //
+// A queue's waiting sends go as one write (up to 1000 messages), so one
+// goroutine's sends share a file store's fdatasyncs; a queue that is an
+// [AsyncWriter] (natsstore's) has up to 4 such writes in flight, else one.
+//
 // done runs on a goroutine of the producer's, one per queue with sends
-// outstanding, callbacks of one queue one after another; for a memory
+// outstanding (for an AsyncWriter, on the queue's goroutine that reports
+// its writes), callbacks of one queue one after another; for a memory
 // queue with nothing outstanding the write is immediate and done runs on
 // the caller's goroutine before SendAsync returns. No lock of the
 // producer's is held while done runs, and the send's slot in the bound
@@ -113,9 +127,9 @@ func (p *Producer) sendAsync(ctx context.Context, m *Message, done func(SendResu
 	delayed := p.delayed(m)
 	var pp *pipe
 	if delayed {
-		pp = p.pipeFor(nil)
+		pp = p.pipeFor(nil, nil)
 	} else {
-		pp = p.pipeFor(t.queues[i])
+		pp = p.pipeFor(t, t.queues[i])
 		if pp.now(ctx, em, now, done) {
 			return nil
 		}
@@ -221,8 +235,20 @@ func (p *Producer) waitIdle(ctx context.Context) error {
 	}
 }
 
-// pipeFor returns q's pipe (nil: the delay pipe), making it on first use.
-func (p *Producer) pipeFor(q Queue) *pipe {
+// asyncWrites bounds the writes in flight of one queue that is an
+// [AsyncWriter].
+const asyncWrites = 4
+
+// report is one write of a pipe with an AsyncWriter: its sends, reported
+// once it is done and every write begun before it has been reported.
+type report struct {
+	batch []*asyncSend
+	ready bool
+}
+
+// pipeFor returns the pipe of queue q of t (nil: the delay pipe), making
+// it on first use.
+func (p *Producer) pipeFor(t *topicState, q Queue) *pipe {
 	if pp := p.lastPipe.Load(); pp != nil && pp.q == q {
 		return pp
 	}
@@ -233,6 +259,9 @@ func (p *Producer) pipeFor(q Queue) *pipe {
 			p.pipes = make(map[Queue]*pipe)
 		}
 		pp = &pipe{p: p, q: q}
+		if aw, ok := q.(AsyncWriter); ok && t != nil && t.meta.Retention.Overflow != Block {
+			pp.aw, pp.writes = aw, make(chan struct{}, asyncWrites)
+		}
 		p.pipes[q] = pp
 	}
 	p.amu.Unlock()
@@ -301,6 +330,15 @@ func (pp *pipe) run() {
 		}
 		var batch []*asyncSend
 		whole := n == len(pp.pending)
+		if pp.aw != nil { // the batch lives on until its write is reported
+			batch, pp.pending = pp.pending[:n:n], pp.pending[n:]
+			if whole {
+				pp.pending = nil
+			}
+			pp.mu.Unlock()
+			pp.begin(batch)
+			continue
+		}
 		if whole {
 			batch, pp.pending, pp.spare = pp.pending, pp.spare[:0], nil
 		} else {
@@ -349,6 +387,65 @@ func (pp *pipe) write(batch []*asyncSend) {
 		}
 	}
 	pp.reportEach(batch)
+}
+
+// begin starts the write of batch on the pipe's AsyncWriter, once fewer
+// than asyncWrites are in flight; sends whose ctx is done are left out
+// (reported with their error, in order with the others).
+func (pp *pipe) begin(batch []*asyncSend) {
+	var live []*asyncSend
+	for _, s := range batch {
+		if s.err = s.ctx.Err(); s.err == nil {
+			live = append(live, s)
+		}
+	}
+	r := &report{batch: batch}
+	pp.rmu.Lock()
+	pp.reports = append(pp.reports, r)
+	pp.rmu.Unlock()
+	if len(live) == 0 {
+		pp.complete(r)
+		return
+	}
+	pp.writes <- struct{}{}
+	ems := make([]*EnhancedMessage, len(live))
+	for i, s := range live {
+		ems[i] = s.em
+	}
+	ctx, stop := batchContext(live)
+	pp.aw.WriteAsync(ctx, ems, func(_ int64, err error) {
+		stop()
+		<-pp.writes
+		for _, s := range live {
+			if s.err = err; err == nil {
+				id := QueueID{Topic: s.em.Topic, Queue: s.em.Queue}
+				s.res = SendResult{ID: s.em.ID, Queue: id, Offset: s.em.Offset, Target: id}
+			}
+		}
+		pp.complete(r)
+	})
+}
+
+// complete marks r done and, unless another goroutine is at it, reports
+// every done write at the head of the pipe's reports, in order.
+func (pp *pipe) complete(r *report) {
+	pp.rmu.Lock()
+	r.ready = true
+	if pp.draining {
+		pp.rmu.Unlock()
+		return
+	}
+	pp.draining = true
+	for len(pp.reports) > 0 && pp.reports[0].ready {
+		head := pp.reports[0]
+		pp.reports[0] = nil
+		pp.reports = pp.reports[1:]
+		pp.rmu.Unlock()
+		pp.reportEach(head.batch)
+		pp.rmu.Lock()
+	}
+	pp.draining = false
+	pp.rmu.Unlock()
 }
 
 // store writes ss as one write (the delay pipe: one placement) under a

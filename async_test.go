@@ -83,10 +83,16 @@ func fakeBroker(t *testing.T, queues int) (*ferry.Broker, *ferrytest.FakeStorage
 // (written by the producer's goroutines) and filestore (SyncAlways).
 func TestSendAsyncOrder(t *testing.T) {
 	const n, queues = 3000, 4
-	for _, store := range []string{"memory", "fake", "filestore"} {
+	for _, store := range []string{"memory", "fake", "filestore", "async writer"} {
 		t.Run(store, func(t *testing.T) {
 			var b *ferry.Broker
+			var as *asyncStorage
 			switch store {
+			case "async writer":
+				as = &asyncStorage{MemoryStorage: ferry.NewMemoryStorage()}
+				t.Cleanup(func() { _ = as.Close() })
+				b = ferrytest.NewBroker(t, ferry.WithStorage(as))
+				require.NoError(t, b.CreateTopic(t.Context(), ferry.TopicMeta{Name: "orders", Queues: queues}))
 			case "memory":
 				b = newBroker(t, queues)
 			case "fake":
@@ -137,6 +143,9 @@ func TestSendAsyncOrder(t *testing.T) {
 				}
 			}
 			assert.Equal(t, uint64(n), p.Stats().Sent)
+			if as != nil {
+				assert.Positive(t, as.began(), "the queues' WriteAsync was used")
+			}
 		})
 	}
 }
@@ -373,4 +382,39 @@ func TestSendAsyncWriteFails(t *testing.T) {
 		assert.Zero(t, g.res)
 	}
 	assert.Equal(t, uint64(5), p.Stats().Failed)
+}
+
+// The hooks see an asynchronous send as they see a Send: HookSend when it
+// is stamped, HookSent with the write's outcome, before the callback.
+func TestSendAsyncHooks(t *testing.T) {
+	for _, store := range []string{"memory", "fake"} {
+		t.Run(store, func(t *testing.T) {
+			log := &recorder{}
+			var b *ferry.Broker
+			if store == "memory" {
+				b = newBroker(t, 1, ferry.WithHooks(namedHook{"broker", log}))
+			} else {
+				fb, fs := ferrytest.NewFakeBroker(t, ferry.WithHooks(namedHook{"broker", log}))
+				require.NoError(t, fb.CreateTopic(t.Context(), ferry.TopicMeta{Name: "orders", Queues: 1}))
+				fs.FailNth(2, errors.New("boom"))
+				b = fb
+			}
+			p := newProducer(t, b, ferry.WithProducerName("p"))
+			var a acks
+			require.NoError(t, p.SendAsync(t.Context(), &ferry.Message{Topic: "orders", Body: []byte("a")}, a.done(0)))
+			require.NoError(t, p.Flush(t.Context()))
+			require.NoError(t, p.SendAsync(t.Context(), &ferry.Message{Topic: "orders", Body: []byte("b")}, a.done(1)))
+			require.NoError(t, p.Flush(t.Context()))
+			got := log.snapshot()
+			require.Len(t, got, 4)
+			assert.Equal(t, []string{"broker: send p a", "broker: sent p a <nil>", "broker: send p b"}, got[:3])
+			if store == "memory" {
+				assert.Equal(t, "broker: sent p b <nil>", got[3])
+			} else {
+				assert.Contains(t, got[3], "broker: sent p b")
+				assert.Contains(t, got[3], "boom")
+				assert.ErrorContains(t, a.all()[1].err, "boom")
+			}
+		})
+	}
 }

@@ -135,7 +135,7 @@
 //     [Storage], [CursorStore], [Coordinator], [Session], [Lease],
 //     [GroupKey], [Clock] and [Timer];
 //   - the optional interfaces the broker finds by type assertion:
-//     [TryWriter] and [Releaser] on a queue, [SharedStorage] and
+//     [TryWriter], [AsyncWriter] and [Releaser] on a queue, [SharedStorage] and
 //     [TopicDeleter] on a storage, [CursorGroups] (with [Cursor] and
 //     [Cursors]) and [FencedCursorStore] on a cursor store;
 //   - the checks every implementation shares: [ValidateTopicName],
