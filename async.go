@@ -98,10 +98,12 @@ type pipe struct {
 // queue with nothing outstanding the write is immediate and done runs on
 // the caller's goroutine before SendAsync returns. No lock of the
 // producer's is held while done runs, and the send's slot in the bound
-// is free by then: done may call Send or SendAsync, but must not call
-// [Producer.Flush] or [Producer.Close] (they wait for done to return),
-// and should be quick, as it holds up the queue's later reports. The
-// caller must not modify m afterwards.
+// is free by then: done may call Send, and SendAsync while the bound has
+// room (a SendAsync in done that waits for room may wait for ever, as the
+// reports that would make room can be queued behind done: give it a ctx
+// that ends). done must not call [Producer.Flush] or [Producer.Close]
+// (they wait for done to return), and should be quick, as it holds up
+// the queue's later reports. The caller must not modify m afterwards.
 func (p *Producer) SendAsync(ctx context.Context, m *Message, done func(SendResult, error)) error {
 	if err := checkContext(ctx); err != nil {
 		p.failed.Add(1)
