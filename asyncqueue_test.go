@@ -2,9 +2,12 @@ package ferry_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/ferrytest"
@@ -19,7 +22,8 @@ type asyncQueue struct {
 	closed bool
 	ch     chan asyncWrite
 	wg     sync.WaitGroup
-	began  atomic.Int64 // WriteAsync calls
+	began  atomic.Int64  // WriteAsync calls
+	hold   chan struct{} // if not nil, each write waits for a value
 }
 
 type asyncWrite struct {
@@ -30,10 +34,13 @@ type asyncWrite struct {
 
 var _ ferry.AsyncWriter = (*asyncQueue)(nil)
 
-func newAsyncQueue(id ferry.QueueID, r ferry.Retention) *asyncQueue {
-	q := &asyncQueue{MemoryQueue: ferry.NewMemoryQueue(id, r), ch: make(chan asyncWrite, 8)}
+func newAsyncQueue(id ferry.QueueID, r ferry.Retention, hold chan struct{}) *asyncQueue {
+	q := &asyncQueue{MemoryQueue: ferry.NewMemoryQueue(id, r), ch: make(chan asyncWrite, 8), hold: hold}
 	q.wg.Go(func() {
 		for w := range q.ch {
+			if q.hold != nil {
+				<-q.hold
+			}
 			w.done(q.MemoryQueue.Write(w.ctx, w.msgs))
 		}
 	})
@@ -65,6 +72,7 @@ func (q *asyncQueue) Close() error {
 // asyncStorage is a MemoryStorage whose queues are asyncQueues.
 type asyncStorage struct {
 	*ferry.MemoryStorage
+	hold   chan struct{} // passed to the queues
 	mu     sync.Mutex
 	queues []*asyncQueue
 }
@@ -73,7 +81,7 @@ func (s *asyncStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i in
 	if _, err := s.MemoryStorage.OpenQueue(ctx, meta, i); err != nil {
 		return nil, err
 	}
-	q := newAsyncQueue(ferry.QueueID{Topic: meta.Name, Queue: i}, meta.Retention)
+	q := newAsyncQueue(ferry.QueueID{Topic: meta.Name, Queue: i}, meta.Retention, s.hold)
 	s.mu.Lock()
 	s.queues = append(s.queues, q)
 	s.mu.Unlock()
@@ -102,6 +110,56 @@ func (s *asyncStorage) began() int64 {
 // The test AsyncWriter passes the queue suite's WriteAsync case.
 func TestAsyncQueueConformance(t *testing.T) {
 	ferrytest.TestQueue(t, ferrytest.Features{}, func(t *testing.T, meta ferry.TopicMeta, i int) ferry.Queue {
-		return newAsyncQueue(ferry.QueueID{Topic: meta.Name, Queue: i}, meta.Retention)
+		return newAsyncQueue(ferry.QueueID{Topic: meta.Name, Queue: i}, meta.Retention, nil)
 	})
+}
+
+// Over an AsyncWriter, a send whose ctx ends while its write waits is
+// reported with ctx's error and not written (or, when it shares its
+// write with sends whose ctx goes on, written), in order with the sends
+// around it; the queue holds what was reported written, in send order;
+// Close flushes.
+func TestSendAsyncCancelAsyncWriter(t *testing.T) {
+	hold := make(chan struct{})
+	as := &asyncStorage{MemoryStorage: ferry.NewMemoryStorage(), hold: hold}
+	t.Cleanup(func() { _ = as.Close() })
+	b := ferrytest.NewBroker(t, ferry.WithStorage(as))
+	require.NoError(t, b.CreateTopic(t.Context(), ferry.TopicMeta{Name: "orders", Queues: 1}))
+	p := newProducer(t, b, ferry.WithMaxInFlight(100))
+	var a acks
+	for i := range 10 {
+		ctx := t.Context()
+		var end context.CancelFunc = func() {}
+		if i%3 == 1 { // SendAsync refuses a ctx done already: end it after the call
+			ctx, end = context.WithCancel(ctx)
+		}
+		require.NoError(t, p.SendAsync(ctx, &ferry.Message{Topic: "orders", Body: []byte(strconv.Itoa(i))}, a.done(i)))
+		end()
+	}
+	close(hold) // every held write goes on
+	require.NoError(t, p.Close())
+	got := a.all()
+	require.Len(t, got, 10)
+	var stored []string
+	for i, g := range got {
+		require.Equal(t, i, g.seq, "reported in send order")
+		if g.err != nil {
+			require.ErrorIs(t, g.err, context.Canceled, "send %d", i)
+			require.Equal(t, 1, i%3, "send %d failed", i)
+			continue
+		}
+		stored = append(stored, strconv.Itoa(i))
+	}
+	rq, err := b.Queue("orders", 0)
+	require.NoError(t, err)
+	_, next := rq.Offsets()
+	dst := make([]*ferry.EnhancedMessage, next)
+	n, err := rq.Read(t.Context(), 0, dst)
+	require.NoError(t, err)
+	var bodies []string
+	for _, m := range dst[:n] {
+		bodies = append(bodies, string(m.Body))
+	}
+	require.Equal(t, stored, bodies)
+	require.GreaterOrEqual(t, len(stored), 6, "the sends whose ctx did not end")
 }
