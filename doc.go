@@ -20,6 +20,20 @@
 // The default router, [KeyHashRouter], sends equal keys to the same queue,
 // exactly as Kafka's default partitioner does.
 //
+// Send returns once the message is stored. [Producer.SendAsync] returns
+// as soon as the message is checked and routed, and calls back with the
+// result later, so one goroutine keeps many sends in flight: on filestore
+// they share fdatasyncs, on natsstore each queue's pending sends go as one
+// batch per round trip. Per queue, sends are written and reported in the
+// order they were made; at most [WithMaxInFlight] are outstanding (then
+// SendAsync waits); [Producer.Flush] waits for every report, and
+// [Producer.Close] flushes before it returns:
+//
+//	err := p.SendAsync(ctx, &ferry.Message{Topic: "orders", Body: body}, func(res ferry.SendResult, err error) {
+//		// runs once: stored at res.Queue, res.Offset, or not stored (err)
+//	})
+//	err = p.Flush(ctx)
+//
 // # Consuming
 //
 // [Broker.NewConsumer] returns a push [Consumer] that calls a [Handler] for
@@ -122,7 +136,7 @@
 //     [GroupKey], [Clock] and [Timer], and [DeadlineLease] for a lease that
 //     can expire by the clock;
 //   - the optional interfaces the broker finds by type assertion:
-//     [TryWriter] and [Releaser] on a queue, [SharedStorage] and
+//     [TryWriter], [AsyncWriter] and [Releaser] on a queue, [SharedStorage] and
 //     [TopicDeleter] on a storage, [CursorGroups] (with [Cursor] and
 //     [Cursors]) and [FencedCursorStore] on a cursor store;
 //   - the checks every implementation shares: [ValidateTopicName],

@@ -55,6 +55,8 @@ func TestNilContext(t *testing.T) {
 		"Broker.ForgetGroup":  func(ctx context.Context) error { return b.ForgetGroup(ctx, "x", "orders") },
 		"Producer.Send":       func(ctx context.Context) error { _, err := p.Send(ctx, msg); return err },
 		"Producer.SendBatch":  func(ctx context.Context) error { _, err := p.SendBatch(ctx, []*ferry.Message{msg}); return err },
+		"Producer.SendAsync":  func(ctx context.Context) error { return p.SendAsync(ctx, msg, nil) },
+		"Producer.Flush":      p.Flush,
 		"Consumer.Start":      func(ctx context.Context) error { return c.Start(ctx) },
 		"Consumer.Seek":       func(ctx context.Context) error { return c.Seek(ctx, ferry.ResetToLatest()) },
 		"PullConsumer.Start":  func(ctx context.Context) error { return pc.Start(ctx) },

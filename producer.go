@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -18,8 +19,10 @@ const DefaultMaxMessageBytes = 4 << 20
 // Producer sends messages to the broker's topics: it stamps each message
 // (ID, born time, [Origin]), routes it to a queue and writes it.
 //
-// A Producer is safe for concurrent use. It starts no goroutine; Send takes
-// no broker-wide lock, only the target queue's.
+// A Producer is safe for concurrent use. Send takes no broker-wide lock,
+// only the target queue's. Only [Producer.SendAsync] starts goroutines:
+// one per queue while its asynchronous sends are being written, exiting
+// when none is left; Close waits for them.
 type Producer struct {
 	b      *Broker
 	router Router
@@ -36,6 +39,21 @@ type Producer struct {
 	last atomic.Pointer[topicState]
 	// slab hands Send its envelopes (see envSlab).
 	slab atomic.Pointer[envSlab]
+
+	// Asynchronous sends (async.go). slots holds one token per send not
+	// yet reported (the in-flight bound); outstanding counts sends whose
+	// callbacks have not returned; wg counts the pipes' goroutines.
+	slots       chan struct{}
+	outstanding atomic.Int64
+	waiters     atomic.Int32  // Flush and Close calls waiting for outstanding to reach 0
+	closing     chan struct{} // closed by Close: waits for a slot end
+	closeOnce   sync.Once
+	wg          sync.WaitGroup
+	lastPipe    atomic.Pointer[pipe] // the latest pipe used, to skip the map
+	// amu guards pipes and idle.
+	amu   sync.Mutex
+	pipes map[Queue]*pipe // by target queue; the delay pipe under nil
+	idle  chan struct{}   // closed when outstanding reaches 0; nil while no one waits
 }
 
 // envSlab is a block of envelopes a producer's Sends take one by one:
@@ -92,10 +110,11 @@ type SendResult struct {
 type ProducerOption func(*producerConfig)
 
 type producerConfig struct {
-	router Router
-	name   string
-	max    int
-	hooks  []Hook
+	router   Router
+	name     string
+	max      int
+	inFlight int
+	hooks    []Hook
 }
 
 // WithRouter sets the router. Default: [KeyHashRouter].
@@ -116,7 +135,7 @@ var producerSeq atomic.Int64
 // NewProducer returns a producer over the broker's topics. An option value
 // out of range is [ErrInvalidOption].
 func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
-	c := producerConfig{max: DefaultMaxMessageBytes}
+	c := producerConfig{max: DefaultMaxMessageBytes, inFlight: DefaultMaxInFlight}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -131,11 +150,17 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 	if c.max <= 0 {
 		return nil, &Error{Op: "new producer", Err: fmt.Errorf("%w: max message bytes %d", ErrInvalidOption, c.max)}
 	}
+	if c.inFlight <= 0 {
+		return nil, &Error{Op: "new producer", Err: fmt.Errorf("%w: max in flight %d", ErrInvalidOption, c.inFlight)}
+	}
 	if b.closed.Load() {
 		return nil, &Error{Op: "new producer", Err: ErrClosed}
 	}
 	origin := &Origin{Producer: c.name, Host: bornAddress}
-	return &Producer{b: b, router: c.router, name: c.name, origin: origin, max: c.max, hooks: newHookSet(b.hooks, c.hooks)}, nil
+	return &Producer{
+		b: b, router: c.router, name: c.name, origin: origin, max: c.max, hooks: newHookSet(b.hooks, c.hooks),
+		slots: make(chan struct{}, c.inFlight), closing: make(chan struct{}),
+	}, nil
 }
 
 // Send stamps m, routes it and writes it to its queue. It returns where m
@@ -497,9 +522,17 @@ func (p *Producer) writeOne(ctx context.Context, t *topicState, q int, ems []Enh
 // Name returns the name the producer stamps on messages.
 func (p *Producer) Name() string { return p.name }
 
-// Close stops the producer: later sends return [ErrClosed]. Sends in
-// progress finish. It is idempotent and returns nil.
+// Close stops the producer: later sends return [ErrClosed], and so does a
+// [Producer.SendAsync] waiting for room. Sends in progress finish, and
+// Close flushes: it returns once every outstanding asynchronous send is
+// written (or failed) and reported, and the producer's goroutines have
+// exited. Each of those writes is bounded by its sends' contexts, as a
+// Send is; a write to a closed queue (its storage closed) fails with
+// ErrClosed. It is
+// idempotent and returns nil. It must not be called from a SendAsync
+// callback.
 func (p *Producer) Close() error {
 	p.closed.Store(true)
+	p.closeAsync()
 	return nil
 }

@@ -100,6 +100,28 @@ type TryWriter interface {
 	TryWrite(msgs []*EnhancedMessage) (int64, error)
 }
 
+// AsyncWriter is implemented by queues that can have several writes in
+// flight, such as a network store pipelining its publishes;
+// [Producer.SendAsync] uses it (except on [Block] topics, whose writes
+// wait for room). WriteAsync begins a write of msgs, as Write would make
+// it, and returns without waiting for its outcome; writes begun one after
+// another are stored in that order. done is called exactly once per
+// write, with what Write would have returned, in the order the writes
+// were begun (a refused write too: bad input, a nil ctx, a closed
+// queue), on a goroutine of the queue's or, for a write refused at once,
+// possibly before WriteAsync returns. A write cut off by ctx, or failing
+// while in flight, may have been stored (as for Write, the outcome may be
+// unknown); writes begun after it go on and report their own outcome.
+// WriteAsync may block while the queue has many writes in flight. done
+// must not call WriteAsync or Close of the same queue, and should be
+// quick: it holds up the reports of later writes. Close reports every
+// write in flight (its outcome, or [ErrClosed] if the queue stops
+// waiting for it) and returns after every done has returned. The
+// messages are the queue's until done is called.
+type AsyncWriter interface {
+	WriteAsync(ctx context.Context, msgs []*EnhancedMessage, done func(first int64, err error))
+}
+
 // Releaser is implemented by queues with [Block] overflow. Release tells the
 // queue that every consumer is done with the messages below offset, so
 // retention may drop them to make room. Offsets only move forward; a lower

@@ -73,6 +73,16 @@ type QueueFactory func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queu
 //
 //   - OffsetsContext: it agrees with Offsets; a cancelled ctx is its
 //     error; after Close it is [ferry.ErrClosed].
+//
+// For a queue that implements [ferry.AsyncWriter] (skipped otherwise):
+//
+//   - WriteAsync: writes begun one after another are stored in that
+//     order and reported once each, in that order, with their first
+//     offset and the messages stamped; a batch with a nil message
+//     ([ferry.ErrInvalidMessage]) and a nil ctx
+//     ([ferry.ErrInvalidOption]) are refused through done, in order with
+//     the others; Close with writes in flight reports each before it
+//     returns; afterwards WriteAsync reports [ferry.ErrClosed].
 func TestQueue(t *testing.T, f Features, newQueue QueueFactory) {
 	t.Helper()
 	qs := &queueSuite{f: f, newQueue: newQueue}
@@ -95,6 +105,7 @@ func TestQueue(t *testing.T, f Features, newQueue QueueFactory) {
 	run(t, f, "CloseWakesReader", qs.closeWakesReader)
 	run(t, f, "NilContext", qs.nilContext)
 	run(t, f, "OffsetsContext", qs.offsetsContext)
+	run(t, f, "WriteAsync", qs.writeAsync)
 }
 
 type queueSuite struct {

@@ -64,7 +64,9 @@
 //
 // [SyncAlways] (the default) acknowledges a Write after fdatasync; each
 // queue has one writer goroutine, so concurrent writers share one write
-// and one fdatasync (group commit). [SyncEvery] syncs on an interval,
+// and one fdatasync (group commit). One goroutine shares them too through
+// [ferry.Producer.SendAsync], which writes a queue's waiting sends as one
+// Write. [SyncEvery] syncs on an interval,
 // [SyncNever] leaves it to the operating system; under both a Write
 // appends its own frame in the calling goroutine (under the queue's write
 // lock) and returns once it is in the page cache, which a crash of the

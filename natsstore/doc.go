@@ -12,7 +12,11 @@
 //     publish (at most [MaxBatch]), every message carrying its
 //     [ferry.MessageID] as Nats-Msg-Id so that a retried write is not
 //     stored twice (see the Write doc of the queues [Store.OpenQueue]
-//     returns). Reads are direct batch gets. While readers wait at a
+//     returns). The queues are [ferry.AsyncWriter]s: WriteAsync
+//     publishes without waiting for the ack, so
+//     [ferry.Producer.SendAsync] keeps several batches of a queue in
+//     flight on the connection, stored and reported in the order sent.
+//     Reads are direct batch gets. While readers wait at a
 //     queue's end, an ordered consumer of its stream (the tail) is pushed
 //     each new message and hands it to the reader it wakes, with no get;
 //     it stops 10 s after the last reader waited, so a process that only

@@ -57,6 +57,14 @@ type queue struct {
 	released int64
 	tail     []tailEntry // the tail's latest messages, by sequence (tail.go)
 	tailGen  uint64      // the tail's generation: pushes of another are not kept
+
+	// Asynchronous writes (write_async.go). amu guards the fields below;
+	// awg counts the acker.
+	amu      sync.Mutex
+	inflight []*inflight // published, not yet reported, oldest first
+	acking   bool        // the acker runs
+	aclosed  bool        // Close began: WriteAsync refuses
+	awg      sync.WaitGroup
 }
 
 var (
@@ -735,6 +743,10 @@ func (q *queue) Close() error {
 			_ = q.relSub.Unsubscribe()
 		}
 		q.wg.Wait()
+		q.amu.Lock()
+		q.aclosed = true
+		q.amu.Unlock()
+		q.awg.Wait() // the acker reports what is in flight: ErrClosed
 		q.s.mu.Lock()
 		delete(q.s.queues, q)
 		q.s.mu.Unlock()
