@@ -24,7 +24,7 @@ import (
 // returns the bucket bound again.
 func leaderReads(ctx context.Context, js jetstream.JetStream, c config, kv jetstream.KeyValue) (jetstream.KeyValue, error) {
 	name := "KV_" + kv.Bucket()
-	st, err := ask(ctx, c, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
+	st, err := askExisting(ctx, c, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
 	if err != nil {
 		return nil, err
 	}
@@ -36,7 +36,7 @@ func leaderReads(ctx context.Context, js jetstream.JetStream, c config, kv jetst
 	if _, err := ask(ctx, c, func(ctx context.Context) (jetstream.Stream, error) { return js.UpdateStream(ctx, sc) }); err != nil {
 		return nil, fmt.Errorf("switch off direct gets of %s: %w", name, err)
 	}
-	return ask(ctx, c, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, kv.Bucket()) })
+	return askExisting(ctx, c, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, kv.Bucket()) })
 }
 
 // liveEntries returns the live entries of kv whose keys match filter, as

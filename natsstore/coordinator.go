@@ -81,7 +81,7 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 		if err != nil {
 			return nil, err
 		}
-		st, err := ask(ctx, cfg, kv.Status)
+		st, err := askExisting(ctx, cfg, kv.Status)
 		if err != nil {
 			return nil, ferry.Errorf("ferry: natsstore: coordinator: bucket %s: %w", b.name, err)
 		}

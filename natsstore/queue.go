@@ -127,7 +127,7 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 		return nil, ferry.Errorf("ferry: natsstore: open queue %s: stream %s: %w", q.id, name, err)
 	}
 	q.handle = h
-	info, err := ask(ctx, s.cfg, func(ctx context.Context) (*jetstream.StreamInfo, error) { return h.Info(ctx) })
+	info, err := askExisting(ctx, s.cfg, func(ctx context.Context) (*jetstream.StreamInfo, error) { return h.Info(ctx) })
 	if err != nil {
 		return nil, ferry.Errorf("ferry: natsstore: open queue %s: %w", q.id, err)
 	}
