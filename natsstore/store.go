@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ferrymq/ferry"
 	"github.com/nats-io/nats.go/jetstream"
@@ -174,6 +175,12 @@ func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 
 // CreateTopic implements [ferry.SharedStorage]: a KV create, so of two
 // brokers creating one topic at once exactly one writes it.
+//
+// A replicated bucket refuses a create (as if the key existed) while
+// another write of the key is proposed but not yet applied, and a read
+// then finds no key (seen: three Stores creating one topic at once). The
+// other write lands or fails: the create is asked again until either it
+// succeeds or the key is read, or ctx ends.
 func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	if err := meta.Validate(); err != nil {
 		return ferry.Errorf("ferry: natsstore: create topic: %w", err)
@@ -183,21 +190,31 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
-	_, err := s.topics.Create(ctx, encodeToken(meta.Name), encodeMeta(meta))
-	if err == nil {
+	for {
+		_, err := s.topics.Create(ctx, encodeToken(meta.Name), encodeMeta(meta))
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+		}
+		have, err := s.topic(ctx, meta.Name)
+		if errors.Is(err, ferry.ErrTopicNotFound) {
+			select { // the write the create was refused for is in flight
+			case <-time.After(retryBackoff):
+				continue
+			case <-ctx.Done():
+				return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, ctx.Err())
+			}
+		}
+		if err != nil {
+			return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+		}
+		if have.Normalized() != meta.Normalized() {
+			return ferry.Errorf("ferry: natsstore: create topic %s: %w: have %+v", meta.Name, ferry.ErrTopicExists, have)
+		}
 		return nil
 	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
-	}
-	have, err := s.topic(ctx, meta.Name)
-	if err != nil {
-		return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
-	}
-	if have.Normalized() != meta.Normalized() {
-		return ferry.Errorf("ferry: natsstore: create topic %s: %w: have %+v", meta.Name, ferry.ErrTopicExists, have)
-	}
-	return nil
 }
 
 // Topic implements [ferry.SharedStorage].
