@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/ferrymq/ferry"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -81,6 +82,54 @@ func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 		}
 	}
 	return live, nil
+}
+
+// leaderEntry is a key's value as the leader of its bucket holds it.
+type leaderEntry struct {
+	key   string
+	value []byte
+	rev   uint64
+}
+
+// leaderLast reads key of kv from the bucket's leader (a stream message
+// get, never a direct get); ok is false if the key holds no value: never
+// written, or its last message is a delete, purge or expiry marker.
+func leaderLast(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string) (e leaderEntry, ok bool, err error) {
+	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + kv.Bucket() + "." + key})
+	resp, err := js.Conn().RequestWithContext(ctx, apiPrefix(js)+"STREAM.MSG.GET.KV_"+kv.Bucket(), req)
+	if err != nil {
+		return e, false, err
+	}
+	var r struct {
+		Message *struct {
+			Seq    uint64 `json:"seq"`
+			Header []byte `json:"hdrs"`
+			Data   []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return e, false, fmt.Errorf("%w: stream message get response: %v", ferry.ErrCorrupt, err)
+	}
+	if r.Error != nil {
+		if r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return e, false, nil
+		}
+		return e, false, r.Error
+	}
+	if r.Message == nil {
+		return e, false, nil
+	}
+	if len(r.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(r.Message.Header)
+		if err != nil {
+			return e, false, fmt.Errorf("%w: headers of %s: %v", ferry.ErrCorrupt, key, err)
+		}
+		if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
+			return e, false, nil // a delete or purge (nats.go's kv.go), or an expiry marker
+		}
+	}
+	return leaderEntry{key: key, value: r.Message.Data, rev: r.Message.Seq}, true, nil
 }
 
 // apiPrefix is the subject prefix of js's API requests.

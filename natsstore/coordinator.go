@@ -38,13 +38,16 @@ import (
 // from Join until the old key expires. Members (of the coordinator and of
 // a session) come from a watch, which on a replicated bucket may be
 // served by a follower a little behind the leader; locks and tokens are
-// decided by the bucket's leader alone.
+// decided by the bucket's leader alone. A Leave that cannot delete its
+// member key (the bucket out of reach) returns the error, and the member
+// stays listed until the key expires.
 //
 // A Coordinator is safe for concurrent use. Each session runs two
 // goroutines (heartbeat, watch) and each lease one (renewal); Close ends
 // every session and waits for them all.
 type Coordinator struct {
 	cfg     config
+	js      jetstream.JetStream
 	members jetstream.KeyValue
 	locks   jetstream.KeyValue
 
@@ -72,7 +75,7 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 	}
 	ctx, cancel := cfg.bound(ctx)
 	defer cancel()
-	c := &Coordinator{cfg: cfg, sessions: map[*session]struct{}{}}
+	c := &Coordinator{cfg: cfg, js: js, sessions: map[*session]struct{}{}}
 	for _, b := range []struct {
 		name string
 		kv   *jetstream.KeyValue
@@ -238,6 +241,46 @@ func (c *Coordinator) deleteKey(kv jetstream.KeyValue, key string, rev uint64) {
 	_ = kv.Delete(ctx, key, jetstream.LastRevision(rev))
 }
 
+// release deletes key, which a session made holding value and last
+// renewed, as far as it knows, to revision rev; it returns nil once the
+// bucket's leader has the key deleted, gone or someone else's. The
+// renewal the session knows of may not be the last: one in flight when
+// the session stopped, or one whose reply was lost, may have landed
+// after it, and one still in flight makes a replicated bucket refuse
+// any other write of the key. (A delete refused so left the key until
+// its TTL: the member listed, the lock held.) So a delete refused for its revision reads the key from the leader and
+// deletes it at the revision found while it holds value, after a pause
+// when the revision is the one refused (a write of it still in flight).
+// A delete no server answered is tried again. ctx bounds it all.
+func (c *Coordinator) release(ctx context.Context, kv jetstream.KeyValue, key string, value []byte, rev uint64) error {
+	for {
+		err := kv.Delete(ctx, key, jetstream.LastRevision(rev))
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			e, ok, lerr := leaderLast(ctx, c.js, kv, key)
+			if lerr != nil {
+				return lerr
+			}
+			if !ok || !bytes.Equal(e.value, value) {
+				return nil // deleted, expired, or another session's
+			}
+			if e.rev != rev {
+				rev = e.rev
+				continue
+			}
+		case !unanswered(err) || ctx.Err() != nil:
+			return err
+		}
+		select {
+		case <-time.After(retryBackoff):
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
 // Members implements [ferry.Coordinator].
 func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
 	c.mu.Lock()
@@ -298,7 +341,7 @@ func (c *Coordinator) Close() error {
 		}
 	}
 	for _, x := range st {
-		x.s.finish(x.leases, x.rev, true)
+		_ = x.s.finish(context.Background(), x.leases, x.rev, true)
 	}
 	for _, s := range ss {
 		s.wg.Wait()
@@ -377,7 +420,7 @@ func (s *session) watch(set map[string]bool, w jetstream.KeyWatcher, cancel cont
 			s.apply(set, e)
 			if e.Key() == s.key && e.Operation() != jetstream.KeyValuePut {
 				s.publish(set)
-				s.wg.Go(func() { s.end(true) }) // end waits for leases, not for this goroutine
+				s.wg.Go(func() { _ = s.end(context.Background(), true) }) // end waits for leases, not for this goroutine
 				return
 			}
 			s.publish(set)
@@ -401,7 +444,7 @@ func (s *session) heartbeat(start time.Time) {
 		case <-s.stop:
 			return
 		case <-deadline.C:
-			s.wg.Go(func() { s.end(true) })
+			s.wg.Go(func() { _ = s.end(context.Background(), true) })
 			return
 		case <-tick.C:
 		}
@@ -433,7 +476,7 @@ func (s *session) heartbeat(start time.Time) {
 				last, unknown = unknown, time.Time{}
 				deadline.Reset(time.Until(last.Add(life)))
 			case renewRefused:
-				s.wg.Go(func() { s.end(true) }) // the key expired or was deleted: others saw us leave
+				s.wg.Go(func() { _ = s.end(context.Background(), true) }) // the key expired or was deleted: others saw us leave
 				return
 			}
 		}
@@ -442,11 +485,14 @@ func (s *session) heartbeat(start time.Time) {
 
 // end ends the session: its leases are lost (Lost closed first, when
 // lost) and their keys deleted, its member key deleted, Done closed. It
-// does not wait for the session's goroutines (a caller may be one).
-func (s *session) end(lost bool) {
+// does not wait for the session's goroutines (a caller may be one). The
+// error is the member key's delete's (see finish); nil if the session
+// had ended already.
+func (s *session) end(ctx context.Context, lost bool) error {
 	if leases, rev, ok := s.stopping(); ok {
-		s.finish(leases, rev, lost)
+		return s.finish(ctx, leases, rev, lost)
 	}
+	return nil
 }
 
 // stopping marks the session ended and stops its goroutines and waiting
@@ -465,22 +511,41 @@ func (s *session) stopping() (leases []*lease, rev uint64, ok bool) {
 	return leases, s.rev, true
 }
 
-// finish gives up the leases of a stopped session and deletes its keys.
-func (s *session) finish(leases []*lease, rev uint64, lost bool) {
+// finish gives up the leases of a stopped session and deletes its keys,
+// the member key within ctx and the op timeout. It returns the error of
+// that delete: the member then stays listed until its key expires.
+func (s *session) finish(ctx context.Context, leases []*lease, rev uint64, lost bool) error {
 	for _, l := range leases {
 		l.give(lost)
 	}
-	s.c.deleteKey(s.c.members, s.key, rev)
+	ctx, cancel := context.WithTimeout(ctx, s.c.cfg.opTimeout)
+	err := s.c.release(ctx, s.c.members, s.key, s.nonce, rev)
+	cancel()
 	s.c.mu.Lock()
 	delete(s.c.sessions, s)
 	s.c.mu.Unlock()
 	close(s.done)
+	return err
 }
 
-// Leave implements [ferry.Session].
+// Leave implements [ferry.Session]. It returns once the session ended:
+// its leases released and its member key deleted; if the key could not
+// be deleted, with the error (the key then expires within the TTL).
 func (s *session) Leave(ctx context.Context) error {
-	s.end(false)
+	err := s.end(ctx, false)
 	s.wg.Wait()
+	select {
+	case <-s.done:
+	default: // ended by Close, still deleting its keys
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			return ferry.Errorf("ferry: natsstore: leave %s: %w", s.g, ctx.Err())
+		}
+	}
+	if err != nil {
+		return ferry.Errorf("ferry: natsstore: leave %s: %w", s.g, err)
+	}
 	return nil
 }
 
@@ -640,7 +705,9 @@ func (l *lease) give(lost bool) {
 	s.mu.Lock()
 	rev := l.rev
 	s.mu.Unlock()
-	s.c.deleteKey(s.c.locks, l.key, rev)
+	ctx, cancel := context.WithTimeout(context.Background(), s.c.cfg.opTimeout)
+	defer cancel()
+	_ = s.c.release(ctx, s.c.locks, l.key, s.nonce, rev)
 }
 
 // renew renews the lock key every TTL/3. The lease is lost by a timer of
