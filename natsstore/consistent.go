@@ -40,9 +40,10 @@ func leaderReads(ctx context.Context, js jetstream.JetStream, c config, kv jetst
 	return askExisting(ctx, c, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, kv.Bucket()) })
 }
 
-// liveEntries returns the live entries of kv whose keys match filter, as
-// the bucket's leader has them.
-func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]jetstream.KeyValueEntry, error) {
+// leaderKeys returns the keys of kv matching filter that hold a message
+// (a value, or a delete, purge or expiry marker), as the bucket's leader
+// has them: a stream info is answered by the leader.
+func leaderKeys(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]string, error) {
 	st, err := js.Stream(ctx, "KV_"+kv.Bucket())
 	if err != nil {
 		return nil, err
@@ -55,6 +56,18 @@ func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 	keys := make([]string, 0, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
 		keys = append(keys, strings.TrimPrefix(subj, pre))
+	}
+	return keys, nil
+}
+
+// liveEntries returns the live entries of kv whose keys match filter, as
+// the bucket's leader has them. kv must be read from its leader (direct
+// gets off: see leaderReads); for a bucket with direct gets, see
+// leaderLive.
+func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]jetstream.KeyValueEntry, error) {
+	keys, err := leaderKeys(ctx, js, kv, filter)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]jetstream.KeyValueEntry, len(keys))
 	errs := make([]error, len(keys))
@@ -89,6 +102,42 @@ type leaderEntry struct {
 	key   string
 	value []byte
 	rev   uint64
+}
+
+// leaderLive returns the keys of kv matching filter that hold a value, as
+// the bucket's leader has them, whatever the bucket's direct gets: both
+// the listing and the gets are answered by the leader, so it sees every
+// write the leader acknowledged. (A direct get, and a watch's consumer,
+// may be served by a follower that lags.)
+func leaderLive(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]leaderEntry, error) {
+	keys, err := leaderKeys(ctx, js, kv, filter)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]leaderEntry, len(keys))
+	live := make([]bool, len(keys))
+	errs := make([]error, len(keys))
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[i], live[i], errs[i] = leaderLast(ctx, js, kv, k)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	n := 0
+	for i, e := range out {
+		if live[i] {
+			out[n] = e
+			n++
+		}
+	}
+	return out[:n], nil
 }
 
 // leaderLast reads key of kv from the bucket's leader (a stream message

@@ -35,12 +35,18 @@ import (
 //
 // A member ID is taken while its key lives: a process that died and
 // restarts with the same ID within the TTL gets [ferry.ErrInvalidOption]
-// from Join until the old key expires. Members (of the coordinator and of
-// a session) come from a watch, which on a replicated bucket may be
-// served by a follower a little behind the leader; locks and tokens are
-// decided by the bucket's leader alone. A Leave that cannot delete its
-// member key (the bucket out of reach) returns the error, and the member
-// stays listed until the key expires.
+// from Join until the old key expires. A session's Members come from its
+// watch, which on a replicated bucket may be served by a follower a
+// little behind the leader. [Coordinator.Members] asks the bucket's
+// leader, which answers only after applying the writes it acknowledged,
+// so it sees every Join and Leave that has returned, in any process:
+// it reads its own writes, as [ferry.Coordinator] asks, and others'
+// as soon as they are acknowledged. An expiry shows once the key is
+// gone: deleted by the session that counted itself lost, or expired by
+// the server within the TTL of its last heartbeat. A Leave that
+// cannot delete its member key (the bucket out of reach) returns the
+// error, and the member stays listed until the key expires. Locks and
+// tokens are decided by the bucket's leader alone.
 //
 // A Coordinator is safe for concurrent use. Each session runs two
 // goroutines (heartbeat, watch) and each lease one (renewal); Close ends
@@ -281,7 +287,8 @@ func (c *Coordinator) release(ctx context.Context, kv jetstream.KeyValue, key st
 	}
 }
 
-// Members implements [ferry.Coordinator].
+// Members implements [ferry.Coordinator]: it asks the members bucket's
+// leader (see [Coordinator]), a stream info and a get per key.
 func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
 	c.mu.Lock()
 	closed := c.closed
@@ -294,15 +301,15 @@ func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, 
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
-	var out []string
-	err := scan(ctx, c.members, groupPrefix(g)+".*", func(e jetstream.KeyValueEntry) error {
-		if m, ok := memberOf(e.Key()); ok {
-			out = append(out, m)
-		}
-		return nil
-	})
+	es, err := leaderLive(ctx, c.js, c.members, groupPrefix(g)+".*")
 	if err != nil {
 		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, err)
+	}
+	var out []string
+	for _, e := range es {
+		if m, ok := memberOf(e.key); ok {
+			out = append(out, m)
+		}
 	}
 	slices.Sort(out)
 	return out, nil
@@ -529,8 +536,9 @@ func (s *session) finish(ctx context.Context, leases []*lease, rev uint64, lost 
 }
 
 // Leave implements [ferry.Session]. It returns once the session ended:
-// its leases released and its member key deleted; if the key could not
-// be deleted, with the error (the key then expires within the TTL).
+// its leases released and its member key deleted, so that
+// [Coordinator.Members] no longer lists it; if the key could not be
+// deleted, with the error (the key then expires within the TTL).
 func (s *session) Leave(ctx context.Context) error {
 	err := s.end(ctx, false)
 	s.wg.Wait()

@@ -132,31 +132,6 @@ func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 	return out, nil
 }
 
-// scan calls f for every live entry whose key matches filter.
-func scan(ctx context.Context, kv jetstream.KeyValue, filter string, f func(jetstream.KeyValueEntry) error) error {
-	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
-	if err != nil {
-		return err
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return fmt.Errorf("watch of %s stopped", filter)
-			}
-			if e == nil {
-				return nil
-			}
-			if err := f(e); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
 // SaveTopic implements [ferry.Storage].
 func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	if err := meta.Validate(); err != nil {
