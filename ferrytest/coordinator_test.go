@@ -39,6 +39,7 @@ var brokenCoordCases = map[string]brokenCoordCase{
 	"lost-late":     {want: "returned before Lost of the expired holder's lease was closed"},
 	"missed-change": {timeout: 300 * time.Millisecond, want: "no value on Changed after a membership change"},
 	"polling":       {subtests: "Wake", want: "not woken (polling?)"},
+	"stale-members": {subtests: "Membership", want: "must read its own Joins and Leaves"},
 }
 
 func TestCoordinatorSuiteCatchesBrokenCoordinators(t *testing.T) {
@@ -46,6 +47,7 @@ func TestCoordinatorSuiteCatchesBrokenCoordinators(t *testing.T) {
 		c := brokenCoordCases[mode]
 		ferrytest.TestCoordinator(t, ferrytest.CoordinatorFeatures{
 			Expire:  func(c ferry.Coordinator, g ferry.GroupKey, m string) { c.(*brokenCoord).fake.Expire(g, m) },
+			Peer:    func(t *testing.T, c ferry.Coordinator) ferry.Coordinator { return c },
 			Timeout: c.timeout,
 		}, func(t *testing.T) ferry.Coordinator { return newBrokenCoord(mode) })
 		return
@@ -85,13 +87,17 @@ func TestCoordinatorSuiteCatchesBrokenCoordinators(t *testing.T) {
 //   - missed-change: Changed has the value after Join, and no other.
 //   - polling: a Lock of a held queue tries again every 2 s instead of
 //     being woken.
+//   - stale-members: Members answers what the call before it (for the
+//     same group) found, as a coordinator reading a view one change
+//     behind its own writes would.
 type brokenCoord struct {
 	ferry.Coordinator
 	fake *ferrytest.FakeCoordinator
 	mode string
 
-	mu      sync.Mutex // guards next
+	mu      sync.Mutex // guards next and seen
 	next    map[lockKey]chan struct{}
+	seen    map[ferry.GroupKey][]string // stale-members: the last answer
 	closing chan struct{}
 	close   sync.Once
 	wg      sync.WaitGroup // the lost-late goroutines
@@ -104,7 +110,22 @@ type lockKey struct {
 
 func newBrokenCoord(mode string) *brokenCoord {
 	f := ferrytest.NewFakeCoordinator()
-	return &brokenCoord{Coordinator: f, fake: f, mode: mode, next: map[lockKey]chan struct{}{}, closing: make(chan struct{})}
+	return &brokenCoord{Coordinator: f, fake: f, mode: mode, next: map[lockKey]chan struct{}{}, seen: map[ferry.GroupKey][]string{}, closing: make(chan struct{})}
+}
+
+func (c *brokenCoord) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
+	ms, err := c.Coordinator.Members(ctx, g)
+	if c.mode != "stale-members" || err != nil {
+		return ms, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev, ok := c.seen[g]
+	c.seen[g] = ms
+	if ok {
+		return prev, nil
+	}
+	return ms, nil
 }
 
 func (c *brokenCoord) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {

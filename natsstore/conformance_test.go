@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -75,6 +76,7 @@ func openCoordinator(t *testing.T, c *cluster, prefix string, opts ...natsstore.
 }
 
 func runCoordinatorSuite(t *testing.T, c *cluster) {
+	var prefixes sync.Map // *natsstore.Coordinator -> its prefix, for Peer
 	f := ferrytest.CoordinatorFeatures{
 		Timeout: 20 * time.Second,
 		Expire: func(co ferry.Coordinator, g ferry.GroupKey, member string) {
@@ -82,9 +84,21 @@ func runCoordinatorSuite(t *testing.T, c *cluster) {
 				panic(err)
 			}
 		},
+		// Another broker's: a coordinator of the same prefix over a
+		// connection of its own.
+		Peer: func(t *testing.T, co ferry.Coordinator) ferry.Coordinator {
+			prefix, ok := prefixes.Load(co)
+			if !ok {
+				t.Fatalf("no prefix for coordinator %p", co)
+			}
+			return openCoordinator(t, c, prefix.(string))
+		},
 	}
 	ferrytest.TestCoordinator(t, f, func(t *testing.T) ferry.Coordinator {
-		return openCoordinator(t, c, fmt.Sprintf("c%d", fresh.Add(1)))
+		prefix := fmt.Sprintf("c%d", fresh.Add(1))
+		co := openCoordinator(t, c, prefix)
+		prefixes.Store(co, prefix)
+		return co
 	})
 }
 
