@@ -577,6 +577,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	var w jetstream.KeyWatcher
+	var view keyView // what w has told
 	defer func() {
 		if w != nil {
 			stopWatcher(w, s.c.cfg.opTimeout)
@@ -611,7 +612,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 				continue
 			}
 		}
-		if err := s.awaitFree(ctx, w); err != nil {
+		if err := s.awaitFree(ctx, w, &view); err != nil {
 			if errors.Is(err, ferry.ErrSessionExpired) {
 				return nil, expired()
 			}
@@ -620,12 +621,31 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 	}
 }
 
+// keyView is what a lock key's watch has told so far: whether its
+// initial values are in (known) and whether the key holds a value.
+type keyView struct{ known, live bool }
+
 // awaitFree waits until the watched lock key is deleted, expires or is
-// seen absent; and at most a TTL, as a safety net.
-func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher) error {
+// seen absent; and at most a TTL, as a safety net. v is what the watch
+// told the calls before, for one Lock.
+//
+// A create refused right after the watch saw the key deleted is no sign
+// that anyone took it: the bucket's leader refuses a write of a key
+// while the delete is still being applied, and the create's read of a
+// deleted key may be served by a follower behind (seen: a Lock woken by
+// the delete was refused and waited for the TTL on a watch that had
+// nothing more to say). So while the watch says the key is free, the
+// next create is tried after retryBackoff, unless the watch shows the key
+// taken first.
+func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher, v *keyView) error {
 	safety := time.NewTimer(s.c.cfg.ttl)
 	defer safety.Stop()
-	live := false
+	var again <-chan time.Time
+	if v.known && !v.live {
+		t := time.NewTimer(retryBackoff)
+		defer t.Stop()
+		again = t.C
+	}
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -633,14 +653,18 @@ func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher) error {
 			case !ok:
 				return nil
 			case e == nil:
-				if !live {
+				v.known = true
+				if !v.live {
 					return nil
 				}
 			case e.Operation() == jetstream.KeyValuePut:
-				live = true
+				v.live, again = true, nil
 			default:
+				v.live = false
 				return nil
 			}
+		case <-again:
+			return nil
 		case <-safety.C:
 			return nil
 		case <-s.stop:
