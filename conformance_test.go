@@ -43,7 +43,10 @@ func TestMemoryCursorStoreConformance(t *testing.T) {
 }
 
 func TestMemoryCoordinatorConformance(t *testing.T) {
-	ferrytest.TestCoordinator(t, ferrytest.CoordinatorFeatures{}, func(t *testing.T) ferry.Coordinator {
+	ferrytest.TestCoordinator(t, ferrytest.CoordinatorFeatures{
+		// The brokers of a process share one: a peer is the same instance.
+		Peer: func(t *testing.T, c ferry.Coordinator) ferry.Coordinator { return c },
+	}, func(t *testing.T) ferry.Coordinator {
 		return ferry.NewMemoryCoordinator()
 	})
 }

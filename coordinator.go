@@ -48,7 +48,13 @@ type Coordinator interface {
 	// invalid topic name [ErrInvalidTopic]. ctx bounds the call.
 	Join(ctx context.Context, g GroupKey, member string) (Session, error)
 	// Members returns g's live members, sorted; none for a group nobody
-	// joined.
+	// joined. It reads the coordinator's own writes: once a Join through
+	// it has returned, Members lists the member, and once that session's
+	// Leave has returned nil, Members does not (until it joins again).
+	// Other changes — a Join or Leave through another coordinator sharing
+	// the groups (another broker's), an expiry — show eventually, within
+	// the implementation's propagation delay (see its doc), as they do in
+	// [Session.Members].
 	Members(ctx context.Context, g GroupKey) ([]string, error)
 	io.Closer
 }
@@ -77,7 +83,10 @@ type Session interface {
 	// Leave ends the session: every lease it did not release is lost
 	// (Lost closed, before anyone else can lock its queue, as for any
 	// session that ends) and its lock freed, and the others are told.
-	// Leaving twice, or after expiry, is a no-op.
+	// Leaving twice, or after expiry, is a no-op. The session ends even
+	// when Leave returns an error; the error says that the others may not
+	// have been told, and see the member go only when its session expires
+	// (see [Coordinator.Members]).
 	Leave(ctx context.Context) error
 }
 
@@ -117,7 +126,9 @@ type DeadlineLease interface {
 
 // MemoryCoordinator is the in-memory [Coordinator], the default: it
 // serves every broker of the process it is shared by (see
-// [WithCoordinator]). Its sessions end only by Leave or Close.
+// [WithCoordinator]). Its sessions end only by Leave or Close. A change
+// shows at once: by the time Join or Leave returns, Members and every
+// session's Members show it and the sessions have their Changed value.
 type MemoryCoordinator struct {
 	mu     sync.Mutex // guards every field below
 	groups map[GroupKey][]*memSession

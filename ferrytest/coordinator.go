@@ -29,6 +29,14 @@ type CoordinatorFeatures struct {
 	// Expire, TestCoordinator checks what an expiry must do (the Expiry
 	// subtest); without it, that subtest is skipped.
 	Expire func(c ferry.Coordinator, g ferry.GroupKey, member string)
+	// Peer, when set, returns another coordinator over the same groups,
+	// members and locks as c (a coordinator open returned), as another
+	// broker has it: a second instance over the same backing store, say,
+	// or c itself for a coordinator the brokers of a process share
+	// ([ferry.MemoryCoordinator]). The suite closes it. With Peer,
+	// TestCoordinator checks what a change made through one does in the
+	// other (the Peers subtest); without it, that subtest is skipped.
+	Peer func(t *testing.T, c ferry.Coordinator) ferry.Coordinator
 	// Timeout bounds each subtest (see the package doc on the watchdog).
 	// Zero means [DefaultTimeout].
 	Timeout time.Duration
@@ -42,6 +50,12 @@ const wakeBound = time.Second
 // blockedFor is how long the suite watches a Lock that must not return
 // (the lock is held elsewhere) before it takes it as blocked.
 const blockedFor = 30 * time.Millisecond
+
+// pollEvery is how often the suite reads [ferry.Coordinator.Members]
+// again while it waits for a change the contract lets show eventually
+// (one made through another coordinator, or an expiry): nothing signals
+// it, so the suite asks until the watchdog ends the subtest.
+const pollEvery = 10 * time.Millisecond
 
 // TestCoordinator checks that the coordinators open returns keep the
 // contract of [ferry.Coordinator], [ferry.Session] and [ferry.Lease]. Each
@@ -57,9 +71,11 @@ const blockedFor = 30 * time.Millisecond
 //   - JoinInvalid: an empty scope, an empty member or a bad topic name is
 //     [ferry.ErrInvalidOption] (a bad topic name may be
 //     [ferry.ErrInvalidTopic]); a cancelled ctx is its error. None joins.
-//   - Membership: every session gets a Changed value after each join and
-//     leave in its group, after which Members shows it; the coordinator's
-//     Members agrees; a member that left may join again.
+//   - Membership: the coordinator's Members reads its own writes: right
+//     after a Join or Leave through it returns (before any session is
+//     waited for), Members shows it; every session gets a Changed value
+//     after each join and leave in its group, after which Members shows
+//     it; a member that left may join again.
 //   - LockExclusive: a second session's Lock of a held queue waits until
 //     the holder releases it; Release twice is nil.
 //   - LockCancel: a waiting Lock returns its ctx's error when ctx is done,
@@ -78,8 +94,9 @@ const blockedFor = 30 * time.Millisecond
 //     lost (Lost closed) by then and before the Lock of another session
 //     waiting for one returns, another session locks their queues at
 //     once, a Lock waiting in it and any Lock after it are
-//     [ferry.ErrSessionExpired], Leave and Release again are nil, and the
-//     others see it leave.
+//     [ferry.ErrSessionExpired], Leave and Release again are nil, the
+//     coordinator's Members no longer lists it as soon as Leave returns,
+//     and the others see it leave.
 //   - Wake: a waiting Lock returns within a second of the Release (or
 //     Leave) it waits for, and, measured over several rounds, about as
 //     fast as an unwaited Release and Lock: it is woken, not polling.
@@ -91,7 +108,8 @@ const blockedFor = 30 * time.Millisecond
 //     leases are lost (Lost closed) before another session's Lock of the
 //     queue returns, with a larger token; its Done is closed; a Lock
 //     waiting in it is [ferry.ErrSessionExpired]; the others see it
-//     leave; Release and Leave are nil afterwards; it may join again.
+//     leave, and so does the coordinator's Members, eventually; Release
+//     and Leave are nil afterwards; it may join again.
 //   - ConcurrentLocks: many sessions lock and release one queue at once
 //     (run it with -race): never two holders, tokens strictly increasing
 //     in the order the lock was taken.
@@ -101,6 +119,11 @@ const blockedFor = 30 * time.Millisecond
 //     context are [ferry.ErrInvalidOption], never a panic, and change
 //     nothing: the member stays alone in its group, its session and
 //     lease live, and the lock stays held.
+//   - Peers (with [CoordinatorFeatures].Peer): a Join or Leave through
+//     one coordinator shows in the other's sessions (a Changed value,
+//     then Members) and, eventually, in its Members, while each reads
+//     its own writes at once; a lock held through one makes a Lock
+//     through the other wait until it is released, and the token grows.
 func TestCoordinator(t *testing.T, f CoordinatorFeatures, open CoordinatorOpener) {
 	t.Helper()
 	s := &coordSuite{f: f, open: open}
@@ -120,6 +143,7 @@ func TestCoordinator(t *testing.T, f CoordinatorFeatures, open CoordinatorOpener
 	run(t, ff, "ConcurrentLocks", s.concurrentLocks)
 	run(t, ff, "ConcurrentMembership", s.concurrentMembership)
 	run(t, ff, "NilContext", s.nilContext)
+	run(t, ff, "Peers", s.peers)
 }
 
 type coordSuite struct {
@@ -183,15 +207,56 @@ func waitMembers(t *testing.T, w *watchdog, sess ferry.Session, who string, want
 	}
 }
 
+// wantMembers checks that c.Members(g) is want now: for a change made
+// through c, which c's Members must show once the call that made it has
+// returned.
 func wantMembers(t *testing.T, w *watchdog, c ferry.Coordinator, g ferry.GroupKey, want ...string) {
 	t.Helper()
 	got, err := c.Members(w.ctx, g)
 	must(t, err, fmt.Sprintf("Coordinator.Members(%s)", g))
-	if len(got) == 0 && len(want) == 0 {
-		return
+	if !sameMembers(got, want) {
+		t.Fatalf("Coordinator.Members(%s) = %v, want %v: a coordinator's Members must read its own Joins and Leaves", g, got, want)
 	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("Coordinator.Members(%s) = %v, want %v", g, got, want)
+}
+
+// eventuallyMembers waits until c.Members(g) is want: for a change c did
+// not make (an expiry, or a Join or Leave through another coordinator),
+// which the contract lets show eventually. It reads again every pollEvery
+// until the watchdog ends the subtest.
+func eventuallyMembers(t *testing.T, w *watchdog, c ferry.Coordinator, g ferry.GroupKey, what string, want ...string) {
+	t.Helper()
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for {
+		got, err := c.Members(w.ctx, g)
+		if err != nil && w.ctx.Err() == nil {
+			must(t, err, fmt.Sprintf("%s: Coordinator.Members(%s)", what, g))
+		}
+		if err == nil && sameMembers(got, want) {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-w.ctx.Done():
+			t.Fatalf("%s: Coordinator.Members(%s) = %v, want %v eventually", what, g, got, want)
+		}
+	}
+}
+
+// sameMembers compares member lists, nil and empty alike.
+func sameMembers(got, want []string) bool {
+	return len(got) == 0 && len(want) == 0 || slices.Equal(got, want)
+}
+
+// wantListed checks that c.Members(g) lists member (or, with listed
+// false, does not), whatever else it lists: after a Join or Leave through
+// c, while changes made elsewhere may not show yet.
+func wantListed(t *testing.T, w *watchdog, c ferry.Coordinator, g ferry.GroupKey, member string, listed bool, what string) {
+	t.Helper()
+	got, err := c.Members(w.ctx, g)
+	must(t, err, fmt.Sprintf("%s: Coordinator.Members(%s)", what, g))
+	if slices.Contains(got, member) != listed {
+		t.Fatalf("%s: Coordinator.Members(%s) = %v: %q listed %v, want %v: a coordinator's Members must read its own Joins and Leaves", what, g, got, member, !listed, listed)
 	}
 }
 
@@ -328,34 +393,41 @@ func (s *coordSuite) joinInvalid(t *testing.T, w *watchdog) {
 
 func (s *coordSuite) membership(t *testing.T, w *watchdog) {
 	c := s.openC(t, w)
+	// Each Join and Leave is followed at once by the coordinator's
+	// Members (it reads its own writes), then by waits for the sessions.
 	x := joinC(t, w, c, gOrders2, "m-x") // another group: sees nothing of gOrders
+	wantMembers(t, w, c, gOrders2, "m-x")
 	waitMembers(t, w, x, "m-x", "m-x")
 	c3 := joinC(t, w, c, gOrders, "m-c")
+	wantMembers(t, w, c, gOrders, "m-c")
 	waitMembers(t, w, c3, "m-c", "m-c")
 	a := joinC(t, w, c, gOrders, "m-a")
+	wantMembers(t, w, c, gOrders, "m-a", "m-c")
 	waitMembers(t, w, a, "m-a", "m-a", "m-c")
 	waitMembers(t, w, c3, "m-c after m-a joined", "m-a", "m-c")
 	b := joinC(t, w, c, gOrders, "m-b")
+	wantMembers(t, w, c, gOrders, "m-a", "m-b", "m-c")
 	for _, o := range []struct {
 		s    ferry.Session
 		name string
 	}{{a, "m-a"}, {b, "m-b"}, {c3, "m-c"}} {
 		waitMembers(t, w, o.s, o.name+" after m-b joined", "m-a", "m-b", "m-c")
 	}
-	wantMembers(t, w, c, gOrders, "m-a", "m-b", "m-c")
 
 	must(t, b.Leave(w.ctx), "Leave of m-b")
+	wantMembers(t, w, c, gOrders, "m-a", "m-c")
 	waitMembers(t, w, a, "m-a after m-b left", "m-a", "m-c")
 	waitMembers(t, w, c3, "m-c after m-b left", "m-a", "m-c")
-	wantMembers(t, w, c, gOrders, "m-a", "m-c")
 
 	b = joinC(t, w, c, gOrders, "m-b") // joins again
+	wantMembers(t, w, c, gOrders, "m-a", "m-b", "m-c")
 	waitMembers(t, w, b, "m-b joined again", "m-a", "m-b", "m-c")
 	waitMembers(t, w, a, "m-a after m-b joined again", "m-a", "m-b", "m-c")
 	must(t, a.Leave(w.ctx), "Leave of m-a")
+	wantMembers(t, w, c, gOrders, "m-b", "m-c")
 	must(t, c3.Leave(w.ctx), "Leave of m-c")
-	waitMembers(t, w, b, "m-b after m-a and m-c left", "m-b")
 	wantMembers(t, w, c, gOrders, "m-b")
+	waitMembers(t, w, b, "m-b after m-a and m-c left", "m-b")
 	must(t, b.Leave(w.ctx), "Leave of m-b")
 	wantMembers(t, w, c, gOrders)
 
@@ -600,6 +672,7 @@ func (s *coordSuite) leave(t *testing.T, w *watchdog) {
 	if r.l.Token() <= la0.Token() {
 		t.Fatalf("token %d after the holder left is not larger than the holder's %d", r.l.Token(), la0.Token())
 	}
+	wantMembers(t, w, c, gOrders, "m-b") // the coordinator reads its own Leave
 	awaitClosed(t, w, a.Done(), "Done of a session that left")
 	if !isClosed(la1.Lost()) {
 		t.Fatal("Done of a session that left was closed before Lost of a lease it held: every lease of the session is lost by the time Done is closed (Session.Done)")
@@ -613,7 +686,6 @@ func (s *coordSuite) leave(t *testing.T, w *watchdog) {
 	must(t, la0.Release(w.ctx), "Release of a lease of a session that left")
 	must(t, la1.Release(w.ctx), "Release of a lease of a session that left")
 	waitMembers(t, w, b, "m-b after m-a left", "m-b")
-	wantMembers(t, w, c, gOrders, "m-b")
 	release(t, w, lb2, "m-b's lease of queue 2")
 }
 
@@ -819,7 +891,7 @@ func (s *coordSuite) expiry(t *testing.T, w *watchdog) {
 	wantErr(t, err, ferry.ErrSessionExpired, "Lock in an expired session")
 	waitMembers(t, w, b, "m-b after m-a expired", "m-b", "m-c")
 	waitMembers(t, w, m, "m-c after m-a expired", "m-b", "m-c")
-	wantMembers(t, w, c, gOrders, "m-b", "m-c")
+	eventuallyMembers(t, w, c, gOrders, "after m-a expired", "m-b", "m-c")
 	for i, l := range la {
 		must(t, l.Release(w.ctx), fmt.Sprintf("Release of lost lease %d", i))
 	}
@@ -926,4 +998,45 @@ func (s *coordSuite) concurrentMembership(t *testing.T, w *watchdog) {
 	slices.Sort(want)
 	wantMembers(t, w, c, gOrders, want...)
 	waitMembers(t, w, watcher, "watcher after the others joined and left", want...)
+}
+
+func (s *coordSuite) peers(t *testing.T, w *watchdog) {
+	if s.f.Peer == nil {
+		t.Skip("ferrytest: CoordinatorFeatures.Peer not set: no second coordinator over the same groups")
+	}
+	c := s.openC(t, w)
+	p := s.f.Peer(t, c)
+	if p == nil {
+		t.Fatal("ferrytest: CoordinatorFeatures.Peer returned nil")
+	}
+	w.closeOnHang(p)
+	t.Cleanup(func() { _ = p.Close() })
+
+	a := joinC(t, w, c, gOrders, "m-a")
+	wantListed(t, w, c, gOrders, "m-a", true, "m-a joined through the first")
+	b := joinC(t, w, p, gOrders, "m-b")
+	wantListed(t, w, p, gOrders, "m-b", true, "m-b joined through the peer")
+	waitMembers(t, w, a, "m-a after m-b joined through the peer", "m-a", "m-b")
+	waitMembers(t, w, b, "m-b (through the peer) after its Join", "m-a", "m-b")
+	eventuallyMembers(t, w, c, gOrders, "the first after m-b joined through the peer", "m-a", "m-b")
+	eventuallyMembers(t, w, p, gOrders, "the peer after m-a joined through the first", "m-a", "m-b")
+
+	// A lock taken through one coordinator holds in the other.
+	la := lockQ(t, w, a, "m-a", 0)
+	ch := goLock(t, w, w.ctx, b, 0)
+	stillBlocked(t, ch, "m-b (through the peer) locking queue 0 held by m-a")
+	release(t, w, la, "m-a's lease")
+	r := awaitLock(t, w, ch, "m-b (through the peer) locking queue 0 after m-a released it")
+	must(t, r.err, "Lock of queue 0 through the peer after m-a released it")
+	if r.l.Token() <= la.Token() {
+		t.Fatalf("token %d of a Lock through the peer is not larger than the earlier holder's %d", r.l.Token(), la.Token())
+	}
+
+	must(t, b.Leave(w.ctx), "Leave of m-b through the peer")
+	wantListed(t, w, p, gOrders, "m-b", false, "m-b left through the peer")
+	waitMembers(t, w, a, "m-a after m-b left through the peer", "m-a")
+	eventuallyMembers(t, w, c, gOrders, "the first after m-b left through the peer", "m-a")
+	must(t, a.Leave(w.ctx), "Leave of m-a")
+	wantMembers(t, w, c, gOrders)
+	eventuallyMembers(t, w, p, gOrders, "the peer after both left")
 }

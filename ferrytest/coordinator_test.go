@@ -47,6 +47,7 @@ var brokenCoordCases = map[string]brokenCoordCase{
 	"lost-after-done":     {subtests: "Close", want: "before Lost of its lease"},
 	"token-at-wait-start": {subtests: "TokenOrder", want: "tokens must grow in the order the lock is granted"},
 	"leave-not-lost":      {subtests: "Leave", want: "returned before Lost of the lease m-a held when it left was closed"},
+	"stale-members":       {subtests: "Membership", want: "must read its own Joins and Leaves"},
 }
 
 func TestCoordinatorSuiteCatchesBrokenCoordinators(t *testing.T) {
@@ -54,6 +55,7 @@ func TestCoordinatorSuiteCatchesBrokenCoordinators(t *testing.T) {
 		c := brokenCoordCases[mode]
 		ferrytest.TestCoordinator(t, ferrytest.CoordinatorFeatures{
 			Expire:  func(c ferry.Coordinator, g ferry.GroupKey, m string) { c.(*brokenCoord).fake.Expire(g, m) },
+			Peer:    func(t *testing.T, c ferry.Coordinator) ferry.Coordinator { return c },
 			Timeout: c.timeout,
 		}, func(t *testing.T) ferry.Coordinator { return newBrokenCoord(mode) })
 		return
@@ -103,14 +105,18 @@ func TestCoordinatorSuiteCatchesBrokenCoordinators(t *testing.T) {
 //   - leave-not-lost: the leases a session holds when it leaves are
 //     freed without their Lost being closed.
 //   - lost-never: a lease's Lost is never closed (for TestConsumers).
+//   - stale-members: Members answers what the call before it (for the
+//     same group) found, as a coordinator reading a view one change
+//     behind its own writes would.
 type brokenCoord struct {
 	ferry.Coordinator
 	fake *ferrytest.FakeCoordinator
 	mode string
 
-	mu      sync.Mutex // guards next and drawn
+	mu      sync.Mutex // guards next, drawn and seen
 	next    map[lockKey]chan struct{}
-	drawn   map[lockKey]uint64 // token-at-wait-start: the last token drawn
+	drawn   map[lockKey]uint64          // token-at-wait-start: the last token drawn
+	seen    map[ferry.GroupKey][]string // stale-members: the last answer
 	closing chan struct{}
 	close   sync.Once
 	wg      sync.WaitGroup // the lost-late and leave-not-lost goroutines
@@ -124,7 +130,22 @@ type lockKey struct {
 
 func newBrokenCoord(mode string) *brokenCoord {
 	f := ferrytest.NewFakeCoordinator()
-	return &brokenCoord{Coordinator: f, fake: f, mode: mode, next: map[lockKey]chan struct{}{}, drawn: map[lockKey]uint64{}, closing: make(chan struct{})}
+	return &brokenCoord{Coordinator: f, fake: f, mode: mode, next: map[lockKey]chan struct{}{}, drawn: map[lockKey]uint64{}, seen: map[ferry.GroupKey][]string{}, closing: make(chan struct{})}
+}
+
+func (c *brokenCoord) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
+	ms, err := c.Coordinator.Members(ctx, g)
+	if c.mode != "stale-members" || err != nil {
+		return ms, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev, ok := c.seen[g]
+	c.seen[g] = ms
+	if ok {
+		return prev, nil
+	}
+	return ms, nil
 }
 
 func (c *brokenCoord) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {

@@ -41,6 +41,8 @@ func TestFakeCoordinatorConformance(t *testing.T) {
 		Expire: func(c ferry.Coordinator, g ferry.GroupKey, member string) {
 			c.(*ferrytest.FakeCoordinator).Expire(g, member)
 		},
+		// Brokers share one fake, as they share a MemoryCoordinator.
+		Peer: func(t *testing.T, c ferry.Coordinator) ferry.Coordinator { return c },
 	}, func(t *testing.T) ferry.Coordinator { return ferrytest.NewFakeCoordinator() })
 }
 

@@ -2,8 +2,10 @@ package natsstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/ferrymq/ferry/natsstore"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 var fresh atomic.Int64
@@ -34,10 +37,17 @@ func openStore(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option
 	return s
 }
 
+// runSuites runs the Queue, Storage and CursorStore suites on c. Each
+// subtest's deployment is dropped when it ends (see dropDeployment): the
+// servers live as long as the process, and with -count=20 the streams
+// and buckets left behind (thousands, each a Raft group on the cluster)
+// slowed every request past the op timeout.
 func runSuites(t *testing.T, c *cluster) {
 	t.Run("Queue", func(t *testing.T) {
 		ferrytest.TestQueue(t, features, func(t *testing.T, meta ferry.TopicMeta, i int) ferry.Queue {
-			s := openStore(t, c, fmt.Sprintf("q%d", fresh.Add(1)))
+			prefix := fmt.Sprintf("q%d", fresh.Add(1))
+			dropDeployment(t, c, prefix) // after the store's and the suite's cleanups
+			s := openStore(t, c, prefix)
 			t.Cleanup(func() { _ = s.Close() })
 			q, err := s.OpenQueue(context.Background(), meta, i)
 			if err != nil {
@@ -48,11 +58,13 @@ func runSuites(t *testing.T, c *cluster) {
 	})
 	t.Run("Storage", func(t *testing.T) {
 		ferrytest.TestStorage(t, features, func(t *testing.T, dir string) ferry.Storage {
+			dropDeployment(t, c, prefixFor(dir)) // a reopen within the subtest finds it
 			return openStore(t, c, prefixFor(dir))
 		})
 	})
 	t.Run("CursorStore", func(t *testing.T) {
 		ferrytest.TestCursorStore(t, features, func(t *testing.T, dir string) ferry.CursorStore {
+			dropDeployment(t, c, prefixFor(dir))
 			return openStore(t, c, prefixFor(dir))
 		})
 	})
@@ -75,6 +87,7 @@ func openCoordinator(t *testing.T, c *cluster, prefix string, opts ...natsstore.
 }
 
 func runCoordinatorSuite(t *testing.T, c *cluster) {
+	var prefixes sync.Map // *natsstore.Coordinator -> its prefix, for Peer
 	f := ferrytest.CoordinatorFeatures{
 		Timeout: 20 * time.Second,
 		Expire: func(co ferry.Coordinator, g ferry.GroupKey, member string) {
@@ -82,9 +95,22 @@ func runCoordinatorSuite(t *testing.T, c *cluster) {
 				panic(err)
 			}
 		},
+		// Another broker's: a coordinator of the same prefix over a
+		// connection of its own.
+		Peer: func(t *testing.T, co ferry.Coordinator) ferry.Coordinator {
+			prefix, ok := prefixes.Load(co)
+			if !ok {
+				t.Fatalf("no prefix for coordinator %p", co)
+			}
+			return openCoordinator(t, c, prefix.(string))
+		},
 	}
 	ferrytest.TestCoordinator(t, f, func(t *testing.T) ferry.Coordinator {
-		return openCoordinator(t, c, fmt.Sprintf("c%d", fresh.Add(1)))
+		prefix := fmt.Sprintf("c%d", fresh.Add(1))
+		dropDeployment(t, c, prefix) // as in runSuites
+		co := openCoordinator(t, c, prefix)
+		prefixes.Store(co, prefix)
+		return co
 	})
 }
 
@@ -145,7 +171,10 @@ func dropDeployment(t *testing.T, c *cluster, prefix string) {
 			t.Errorf("list streams: %v", err)
 		}
 		for _, name := range drop {
-			if err := js.DeleteStream(ctx, name); err != nil {
+			// Not found: deleted meanwhile (by a second drop of the same
+			// prefix in the subtest, its listing older than the first's
+			// delete), which is what was asked.
+			if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				t.Errorf("delete stream %s: %v", name, err)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/codec"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -25,7 +26,7 @@ import (
 // returns the bucket bound again.
 func leaderReads(ctx context.Context, js jetstream.JetStream, c config, kv jetstream.KeyValue) (jetstream.KeyValue, error) {
 	name := "KV_" + kv.Bucket()
-	st, err := ask(ctx, c, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
+	st, err := askExisting(ctx, c, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
 	if err != nil {
 		return nil, err
 	}
@@ -37,12 +38,13 @@ func leaderReads(ctx context.Context, js jetstream.JetStream, c config, kv jetst
 	if _, err := ask(ctx, c, func(ctx context.Context) (jetstream.Stream, error) { return js.UpdateStream(ctx, sc) }); err != nil {
 		return nil, fmt.Errorf("switch off direct gets of %s: %w", name, err)
 	}
-	return ask(ctx, c, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, kv.Bucket()) })
+	return askExisting(ctx, c, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, kv.Bucket()) })
 }
 
-// liveEntries returns the live entries of kv whose keys match filter, as
-// the bucket's leader has them.
-func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]jetstream.KeyValueEntry, error) {
+// leaderKeys returns the keys of kv matching filter that hold a message
+// (a value, or a delete, purge or expiry marker), as the bucket's leader
+// has them: a stream info is answered by the leader.
+func leaderKeys(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]string, error) {
 	st, err := js.Stream(ctx, "KV_"+kv.Bucket())
 	if err != nil {
 		return nil, err
@@ -55,6 +57,18 @@ func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 	keys := make([]string, 0, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
 		keys = append(keys, strings.TrimPrefix(subj, pre))
+	}
+	return keys, nil
+}
+
+// liveEntries returns the live entries of kv whose keys match filter, as
+// the bucket's leader has them. kv must be read from its leader (direct
+// gets off: see leaderReads); for a bucket with direct gets, see
+// leaderLive.
+func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]jetstream.KeyValueEntry, error) {
+	keys, err := leaderKeys(ctx, js, kv, filter)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]jetstream.KeyValueEntry, len(keys))
 	errs := make([]error, len(keys))
@@ -82,6 +96,90 @@ func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVa
 		}
 	}
 	return live, nil
+}
+
+// leaderEntry is a key's value as the leader of its bucket holds it.
+type leaderEntry struct {
+	key   string
+	value []byte
+	rev   uint64
+}
+
+// leaderLive returns the keys of kv matching filter that hold a value, as
+// the bucket's leader has them, whatever the bucket's direct gets: both
+// the listing and the gets are answered by the leader, so it sees every
+// write the leader acknowledged. (A direct get, and a watch's consumer,
+// may be served by a follower that lags.)
+func leaderLive(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]leaderEntry, error) {
+	keys, err := leaderKeys(ctx, js, kv, filter)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]leaderEntry, len(keys))
+	live := make([]bool, len(keys))
+	errs := make([]error, len(keys))
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[i], live[i], errs[i] = leaderLast(ctx, js, kv, k)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	n := 0
+	for i, e := range out {
+		if live[i] {
+			out[n] = e
+			n++
+		}
+	}
+	return out[:n], nil
+}
+
+// leaderLast reads key of kv from the bucket's leader (a stream message
+// get, never a direct get); ok is false if the key holds no value: never
+// written, or its last message is a delete, purge or expiry marker.
+func leaderLast(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string) (e leaderEntry, ok bool, err error) {
+	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + kv.Bucket() + "." + key})
+	resp, err := js.Conn().RequestWithContext(ctx, apiPrefix(js)+"STREAM.MSG.GET.KV_"+kv.Bucket(), req)
+	if err != nil {
+		return e, false, err
+	}
+	var r struct {
+		Message *struct {
+			Seq    uint64 `json:"seq"`
+			Header []byte `json:"hdrs"`
+			Data   []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return e, false, fmt.Errorf("%w: stream message get response: %v", ferry.ErrCorrupt, err)
+	}
+	if r.Error != nil {
+		if r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return e, false, nil
+		}
+		return e, false, r.Error
+	}
+	if r.Message == nil {
+		return e, false, nil
+	}
+	if len(r.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(r.Message.Header)
+		if err != nil {
+			return e, false, fmt.Errorf("%w: headers of %s: %v", ferry.ErrCorrupt, key, err)
+		}
+		if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
+			return e, false, nil // a delete or purge (nats.go's kv.go), or an expiry marker
+		}
+	}
+	return leaderEntry{key: key, value: r.Message.Data, rev: r.Message.Seq}, true, nil
 }
 
 // apiPrefix is the subject prefix of js's API requests.

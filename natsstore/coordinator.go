@@ -36,16 +36,25 @@ import (
 //
 // A member ID is taken while its key lives: a process that died and
 // restarts with the same ID within the TTL gets [ferry.ErrInvalidOption]
-// from Join until the old key expires. Members (of the coordinator and of
-// a session) come from a watch, which on a replicated bucket may be
-// served by a follower a little behind the leader; locks and tokens are
-// decided by the bucket's leader alone.
+// from Join until the old key expires. A session's Members come from its
+// watch, which on a replicated bucket may be served by a follower a
+// little behind the leader. [Coordinator.Members] asks the bucket's
+// leader, which answers only after applying the writes it acknowledged,
+// so it sees every Join and Leave that has returned, in any process:
+// it reads its own writes, as [ferry.Coordinator] asks, and others'
+// as soon as they are acknowledged. An expiry shows once the key is
+// gone: deleted by the session that counted itself lost, or expired by
+// the server within the TTL of its last heartbeat. A Leave that
+// cannot delete its member key (the bucket out of reach) returns the
+// error, and the member stays listed until the key expires. Locks and
+// tokens are decided by the bucket's leader alone.
 //
 // A Coordinator is safe for concurrent use. Each session runs two
 // goroutines (heartbeat, watch) and each lease one (renewal); Close ends
 // every session and waits for them all.
 type Coordinator struct {
 	cfg     config
+	js      jetstream.JetStream
 	members jetstream.KeyValue
 	locks   jetstream.KeyValue
 
@@ -76,7 +85,7 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 	}
 	ctx, cancel := cfg.bound(ctx)
 	defer cancel()
-	c := &Coordinator{cfg: cfg, sessions: map[*session]struct{}{}}
+	c := &Coordinator{cfg: cfg, js: js, sessions: map[*session]struct{}{}}
 	for _, b := range []struct {
 		name string
 		kv   *jetstream.KeyValue
@@ -85,7 +94,7 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 		if err != nil {
 			return nil, err
 		}
-		st, err := ask(ctx, cfg, kv.Status)
+		st, err := askExisting(ctx, cfg, kv.Status)
 		if err != nil {
 			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: coordinator: bucket %s", b.name), Err: err}
 		}
@@ -245,7 +254,48 @@ func (c *Coordinator) deleteKey(kv jetstream.KeyValue, key string, rev uint64) {
 	_ = kv.Delete(ctx, key, jetstream.LastRevision(rev))
 }
 
-// Members implements [ferry.Coordinator].
+// release deletes key, which a session made holding value and last
+// renewed, as far as it knows, to revision rev; it returns nil once the
+// bucket's leader has the key deleted, gone or someone else's. The
+// renewal the session knows of may not be the last: one in flight when
+// the session stopped, or one whose reply was lost, may have landed
+// after it, and one still in flight makes a replicated bucket refuse
+// any other write of the key. (A delete refused so left the key until
+// its TTL: the member listed, the lock held.) So a delete refused for its revision reads the key from the leader and
+// deletes it at the revision found while it holds value, after a pause
+// when the revision is the one refused (a write of it still in flight).
+// A delete no server answered is tried again. ctx bounds it all.
+func (c *Coordinator) release(ctx context.Context, kv jetstream.KeyValue, key string, value []byte, rev uint64) error {
+	for {
+		err := kv.Delete(ctx, key, jetstream.LastRevision(rev))
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			e, ok, lerr := leaderLast(ctx, c.js, kv, key)
+			if lerr != nil {
+				return lerr
+			}
+			if !ok || !bytes.Equal(e.value, value) {
+				return nil // deleted, expired, or another session's
+			}
+			if e.rev != rev {
+				rev = e.rev
+				continue
+			}
+		case !unanswered(err) || ctx.Err() != nil:
+			return err
+		}
+		select {
+		case <-time.After(retryBackoff):
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
+// Members implements [ferry.Coordinator]: it asks the members bucket's
+// leader (see [Coordinator]), a stream info and a get per key.
 func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
 	if err := checkContext(ctx); err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
@@ -261,15 +311,15 @@ func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, 
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
-	var out []string
-	err := scan(ctx, c.members, groupPrefix(g)+".*", func(e jetstream.KeyValueEntry) error {
-		if m, ok := memberOf(e.Key()); ok {
-			out = append(out, m)
-		}
-		return nil
-	})
+	es, err := leaderLive(ctx, c.js, c.members, groupPrefix(g)+".*")
 	if err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
+	}
+	var out []string
+	for _, e := range es {
+		if m, ok := memberOf(e.key); ok {
+			out = append(out, m)
+		}
 	}
 	slices.Sort(out)
 	return out, nil
@@ -308,7 +358,7 @@ func (c *Coordinator) Close() error {
 		}
 	}
 	for _, x := range st {
-		x.s.finish(x.leases, x.rev, true)
+		_ = x.s.finish(context.Background(), x.leases, x.rev, true)
 	}
 	for _, s := range ss {
 		s.wg.Wait()
@@ -387,7 +437,7 @@ func (s *session) watch(set map[string]bool, w jetstream.KeyWatcher, cancel cont
 			s.apply(set, e)
 			if e.Key() == s.key && e.Operation() != jetstream.KeyValuePut {
 				s.publish(set)
-				s.wg.Go(func() { s.end(true) }) // end waits for leases, not for this goroutine
+				s.wg.Go(func() { _ = s.end(context.Background(), true) }) // end waits for leases, not for this goroutine
 				return
 			}
 			s.publish(set)
@@ -411,7 +461,7 @@ func (s *session) heartbeat(start time.Time) {
 		case <-s.stop:
 			return
 		case <-deadline.C:
-			s.wg.Go(func() { s.end(true) })
+			s.wg.Go(func() { _ = s.end(context.Background(), true) })
 			return
 		case <-tick.C:
 		}
@@ -443,7 +493,7 @@ func (s *session) heartbeat(start time.Time) {
 				last, unknown = unknown, time.Time{}
 				deadline.Reset(time.Until(last.Add(life)))
 			case renewRefused:
-				s.wg.Go(func() { s.end(true) }) // the key expired or was deleted: others saw us leave
+				s.wg.Go(func() { _ = s.end(context.Background(), true) }) // the key expired or was deleted: others saw us leave
 				return
 			}
 		}
@@ -452,11 +502,14 @@ func (s *session) heartbeat(start time.Time) {
 
 // end ends the session: its leases are lost (Lost closed first, when
 // lost) and their keys deleted, its member key deleted, Done closed. It
-// does not wait for the session's goroutines (a caller may be one).
-func (s *session) end(lost bool) {
+// does not wait for the session's goroutines (a caller may be one). The
+// error is the member key's delete's (see finish); nil if the session
+// had ended already.
+func (s *session) end(ctx context.Context, lost bool) error {
 	if leases, rev, ok := s.stopping(); ok {
-		s.finish(leases, rev, lost)
+		return s.finish(ctx, leases, rev, lost)
 	}
+	return nil
 }
 
 // stopping marks the session ended and stops its goroutines and waiting
@@ -475,25 +528,45 @@ func (s *session) stopping() (leases []*lease, rev uint64, ok bool) {
 	return leases, s.rev, true
 }
 
-// finish gives up the leases of a stopped session and deletes its keys.
-func (s *session) finish(leases []*lease, rev uint64, lost bool) {
+// finish gives up the leases of a stopped session and deletes its keys,
+// the member key within ctx and the op timeout. It returns the error of
+// that delete: the member then stays listed until its key expires.
+func (s *session) finish(ctx context.Context, leases []*lease, rev uint64, lost bool) error {
 	for _, l := range leases {
 		l.give(lost)
 	}
-	s.c.deleteKey(s.c.members, s.key, rev)
+	ctx, cancel := context.WithTimeout(ctx, s.c.cfg.opTimeout)
+	err := s.c.release(ctx, s.c.members, s.key, s.nonce, rev)
+	cancel()
 	s.c.mu.Lock()
 	delete(s.c.sessions, s)
 	s.c.mu.Unlock()
 	close(s.done)
+	return err
 }
 
-// Leave implements [ferry.Session].
+// Leave implements [ferry.Session]. It returns once the session ended:
+// its leases released and its member key deleted, so that
+// [Coordinator.Members] no longer lists it; if the key could not be
+// deleted, with the error (the key then expires within the TTL).
 func (s *session) Leave(ctx context.Context) error {
 	if err := checkContext(ctx); err != nil {
 		return &ferry.Error{Op: fmt.Sprintf("natsstore: leave %s", s.g), Err: err}
 	}
-	s.end(true) // a lease not released is lost when its session ends
+	err := s.end(ctx, true) // a lease not released is lost when its session ends
 	s.wg.Wait()
+	select {
+	case <-s.done:
+	default: // ended by Close, still deleting its keys
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: leave %s", s.g), Err: ctx.Err()}
+		}
+	}
+	if err != nil {
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: leave %s", s.g), Err: err}
+	}
 	return nil
 }
 
@@ -520,6 +593,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	var w jetstream.KeyWatcher
+	var view keyView // what w has told
 	defer func() {
 		if w != nil {
 			stopWatcher(w, s.c.cfg.opTimeout)
@@ -554,7 +628,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 				continue
 			}
 		}
-		if err := s.awaitFree(ctx, w); err != nil {
+		if err := s.awaitFree(ctx, w, &view); err != nil {
 			if errors.Is(err, ferry.ErrSessionExpired) {
 				return nil, expired()
 			}
@@ -563,12 +637,31 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 	}
 }
 
+// keyView is what a lock key's watch has told so far: whether its
+// initial values are in (known) and whether the key holds a value.
+type keyView struct{ known, live bool }
+
 // awaitFree waits until the watched lock key is deleted, expires or is
-// seen absent; and at most a TTL, as a safety net.
-func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher) error {
+// seen absent; and at most a TTL, as a safety net. v is what the watch
+// told the calls before, for one Lock.
+//
+// A create refused right after the watch saw the key deleted is no sign
+// that anyone took it: the bucket's leader refuses a write of a key
+// while the delete is still being applied, and the create's read of a
+// deleted key may be served by a follower behind (seen: a Lock woken by
+// the delete was refused and waited for the TTL on a watch that had
+// nothing more to say). So while the watch says the key is free, the
+// next create is tried after retryBackoff, unless the watch shows the key
+// taken first.
+func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher, v *keyView) error {
 	safety := time.NewTimer(s.c.cfg.ttl)
 	defer safety.Stop()
-	live := false
+	var again <-chan time.Time
+	if v.known && !v.live {
+		t := time.NewTimer(retryBackoff)
+		defer t.Stop()
+		again = t.C
+	}
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -576,14 +669,18 @@ func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher) error {
 			case !ok:
 				return nil
 			case e == nil:
-				if !live {
+				v.known = true
+				if !v.live {
 					return nil
 				}
 			case e.Operation() == jetstream.KeyValuePut:
-				live = true
+				v.live, again = true, nil
 			default:
+				v.live = false
 				return nil
 			}
+		case <-again:
+			return nil
 		case <-safety.C:
 			return nil
 		case <-s.stop:
@@ -670,7 +767,9 @@ func (l *lease) give(lost bool) {
 	s.mu.Lock()
 	rev := l.rev
 	s.mu.Unlock()
-	s.c.deleteKey(s.c.locks, l.key, rev)
+	ctx, cancel := context.WithTimeout(context.Background(), s.c.cfg.opTimeout)
+	defer cancel()
+	_ = s.c.release(ctx, s.c.locks, l.key, s.nonce, rev)
 }
 
 // renew renews the lock key every TTL/3. The lease is lost by a timer of

@@ -34,3 +34,20 @@ func TailHolds(q ferry.Queue, offset int64) bool {
 	}
 	return false
 }
+
+// RenewUnseen renews the member key of s (a session of this package), or
+// with queue ≥ 0 the lock key of its lease of queue, as a renewal whose
+// reply was lost would: the key's revision moves on, the session's
+// record of it does not.
+func RenewUnseen(ctx context.Context, s ferry.Session, queue int) error {
+	ss := s.(*session)
+	ss.mu.Lock()
+	kv, key, rev := ss.c.members, ss.key, ss.rev
+	if queue >= 0 {
+		l := ss.leases[queue]
+		kv, key, rev = ss.c.locks, l.key, l.rev
+	}
+	ss.mu.Unlock()
+	_, err := kv.Update(ctx, key, ss.nonce, rev)
+	return err
+}

@@ -141,7 +141,7 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: open queue %s: stream %s", q.id, name), Err: err}
 	}
 	q.handle = h
-	info, err := ask(ctx, s.cfg, func(ctx context.Context) (*jetstream.StreamInfo, error) { return h.Info(ctx) })
+	info, err := askExisting(ctx, s.cfg, func(ctx context.Context) (*jetstream.StreamInfo, error) { return h.Info(ctx) })
 	if err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: open queue %s", q.id), Err: err}
 	}

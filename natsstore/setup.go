@@ -51,6 +51,34 @@ func ask[T any](ctx context.Context, cfg config, f func(context.Context) (T, err
 	}
 }
 
+// askExisting is [ask] for a read of a stream known to exist (this call
+// created it, or a create was refused because it exists): "not found"
+// is asked again too. A server of the cluster answers "stream not found"
+// for a stream just created until its group has made it there (seen:
+// three Opens creating one deployment's R3 buckets at once, 1 in 6
+// under load; the bind after the create, or a queue's first info, was
+// told the stream it had just created does not exist).
+func askExisting[T any](ctx context.Context, cfg config, f func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := cfg.bound(ctx)
+	defer cancel()
+	for {
+		v, err := ask(ctx, cfg, f)
+		if err == nil || !notFound(err) || ctx.Err() != nil {
+			return v, err
+		}
+		select {
+		case <-time.After(retryBackoff):
+		case <-ctx.Done():
+			return v, err
+		}
+	}
+}
+
+// notFound: a stream or bucket reported absent.
+func notFound(err error) bool {
+	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
 // unanswered: a request no server answered, or answered only that it
 // could not tell yet (no leader).
 func unanswered(err error) bool {
@@ -83,12 +111,12 @@ func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string
 			return js.CreateStream(ctx, leaderKVConfig(kc))
 		})
 		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			kv, err = ask(ctx, cfg, bind) // made now, or before by another version
+			kv, err = askExisting(ctx, cfg, bind) // made now, or before by another version
 		}
 	} else {
 		kv, err = ask(ctx, cfg, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, kc) })
 		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = ask(ctx, cfg, bind) // another process made it first
+			kv, err = askExisting(ctx, cfg, bind) // another process made it first
 		}
 	}
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ferrymq/ferry"
 	"github.com/nats-io/nats.go/jetstream"
@@ -137,31 +138,6 @@ func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 	return out, nil
 }
 
-// scan calls f for every live entry whose key matches filter.
-func scan(ctx context.Context, kv jetstream.KeyValue, filter string, f func(jetstream.KeyValueEntry) error) error {
-	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
-	if err != nil {
-		return err
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return fmt.Errorf("watch of %s stopped", filter)
-			}
-			if e == nil {
-				return nil
-			}
-			if err := f(e); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
 // SaveTopic implements [ferry.Storage].
 func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	if err := checkContext(ctx); err != nil {
@@ -183,6 +159,12 @@ func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 
 // CreateTopic implements [ferry.SharedStorage]: a KV create, so of two
 // brokers creating one topic at once exactly one writes it.
+//
+// A replicated bucket refuses a create (as if the key existed) while
+// another write of the key is proposed but not yet applied, and a read
+// then finds no key (seen: three Stores creating one topic at once). The
+// other write lands or fails: the create is asked again until either it
+// succeeds or the key is read, or ctx ends.
 func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	if err := checkContext(ctx); err != nil {
 		return &ferry.Error{Op: "natsstore: create topic", Err: err}
@@ -195,21 +177,31 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
-	_, err := s.topics.Create(ctx, encodeToken(meta.Name), encodeMeta(meta))
-	if err == nil {
+	for {
+		_, err := s.topics.Create(ctx, encodeToken(meta.Name), encodeMeta(meta))
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: err}
+		}
+		have, err := s.topic(ctx, meta.Name)
+		if errors.Is(err, ferry.ErrTopicNotFound) {
+			select { // the write the create was refused for is in flight
+			case <-time.After(retryBackoff):
+				continue
+			case <-ctx.Done():
+				return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: ctx.Err()}
+			}
+		}
+		if err != nil {
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: err}
+		}
+		if have.Normalized() != meta.Normalized() {
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: fmt.Errorf("%w: have %+v", ferry.ErrTopicExists, have)}
+		}
 		return nil
 	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: err}
-	}
-	have, err := s.topic(ctx, meta.Name)
-	if err != nil {
-		return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: err}
-	}
-	if have.Normalized() != meta.Normalized() {
-		return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: fmt.Errorf("%w: have %+v", ferry.ErrTopicExists, have)}
-	}
-	return nil
 }
 
 // Topic implements [ferry.SharedStorage].
