@@ -67,7 +67,9 @@ var (
 // and to what ("send", `create topic "orders"`, "filestore: open /data"),
 // Err why it failed. Every error Ferry returns is an *Error (or several,
 // joined), and wraps one of the sentinels above or a context error, which
-// [errors.Is] finds.
+// [errors.Is] finds; the helpers for store implementers (the validators,
+// package codec) return the bare reason, for the store to wrap in its own
+// *Error.
 //
 // Its text is "ferry: " then Op, then Err's: an *Error directly inside
 // another adds its Op without a second prefix ("ferry: send: write
