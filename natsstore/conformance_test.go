@@ -43,11 +43,12 @@ func openStore(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option
 // and buckets left behind (thousands, each a Raft group on the cluster)
 // slowed every request past the op timeout.
 func runSuites(t *testing.T, c *cluster) {
+	opts := suiteOpts(c)
 	t.Run("Queue", func(t *testing.T) {
 		ferrytest.TestQueue(t, features, func(t *testing.T, meta ferry.TopicMeta, i int) ferry.Queue {
 			prefix := fmt.Sprintf("q%d", fresh.Add(1))
 			dropDeployment(t, c, prefix) // after the store's and the suite's cleanups
-			s := openStore(t, c, prefix)
+			s := openStore(t, c, prefix, opts...)
 			t.Cleanup(func() { _ = s.Close() })
 			q, err := s.OpenQueue(context.Background(), meta, i)
 			if err != nil {
@@ -59,18 +60,33 @@ func runSuites(t *testing.T, c *cluster) {
 	t.Run("Storage", func(t *testing.T) {
 		ferrytest.TestStorage(t, features, func(t *testing.T, dir string) ferry.Storage {
 			dropDeployment(t, c, prefixFor(dir)) // a reopen within the subtest finds it
-			return openStore(t, c, prefixFor(dir))
+			return openStore(t, c, prefixFor(dir), opts...)
 		})
 	})
 	t.Run("CursorStore", func(t *testing.T) {
 		ferrytest.TestCursorStore(t, features, func(t *testing.T, dir string) ferry.CursorStore {
 			dropDeployment(t, c, prefixFor(dir))
-			return openStore(t, c, prefixFor(dir))
+			return openStore(t, c, prefixFor(dir), opts...)
 		})
 	})
 }
 
 func TestSingle(t *testing.T) { runSuites(t, singleServer(t)) }
+
+// suiteOpts are the options of the stores and coordinators the
+// conformance suites open on c: on the cluster, an op timeout of 10 s.
+// Under -race on two loaded cores, creating an R3 stream or bucket (a
+// Raft group elected among three servers in this process) took up to a
+// second a try, longer with several at once (Storage/Concurrent), and
+// the default 2 s failed Opens and OpenQueues with "context deadline
+// exceeded". The suites check behaviour, not latency; the failover
+// tests, which rely on short tries, keep the default.
+func suiteOpts(c *cluster) []natsstore.Option {
+	if len(c.servers) == 3 {
+		return []natsstore.Option{natsstore.WithOpTimeout(10 * time.Second)}
+	}
+	return nil
+}
 
 func openCoordinator(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option) *natsstore.Coordinator {
 	t.Helper()
@@ -87,6 +103,7 @@ func openCoordinator(t *testing.T, c *cluster, prefix string, opts ...natsstore.
 }
 
 func runCoordinatorSuite(t *testing.T, c *cluster) {
+	opts := suiteOpts(c)
 	var prefixes sync.Map // *natsstore.Coordinator -> its prefix, for Peer
 	f := ferrytest.CoordinatorFeatures{
 		Timeout: 20 * time.Second,
@@ -102,13 +119,13 @@ func runCoordinatorSuite(t *testing.T, c *cluster) {
 			if !ok {
 				t.Fatalf("no prefix for coordinator %p", co)
 			}
-			return openCoordinator(t, c, prefix.(string))
+			return openCoordinator(t, c, prefix.(string), opts...)
 		},
 	}
 	ferrytest.TestCoordinator(t, f, func(t *testing.T) ferry.Coordinator {
 		prefix := fmt.Sprintf("c%d", fresh.Add(1))
 		dropDeployment(t, c, prefix) // as in runSuites
-		co := openCoordinator(t, c, prefix)
+		co := openCoordinator(t, c, prefix, opts...)
 		prefixes.Store(co, prefix)
 		return co
 	})
