@@ -51,37 +51,6 @@ func ask[T any](ctx context.Context, cfg config, f func(context.Context) (T, err
 	}
 }
 
-// askCreate is [ask] for a create of a stream or bucket. A try that
-// timed out may still be making the stream on the server when the next
-// try asks again; that one then fails to set up the store the first is
-// making ("error creating store for stream", code 10049: seen in 3 of
-// 6 full runs under -race on a machine loaded by other test runs, each
-// the create of a fresh deployment's bucket). So after an unanswered
-// try, that answer is raced = true: the caller reads what its own
-// earlier try made.
-func askCreate[T any](ctx context.Context, cfg config, f func(context.Context) (T, error)) (v T, raced bool, err error) {
-	ctx, cancel := cfg.bound(ctx)
-	defer cancel()
-	retried := false
-	for {
-		tctx, tcancel := context.WithTimeout(ctx, setupTry)
-		v, err := f(tctx)
-		tcancel()
-		if code, _ := apiCode(err); retried && code == 10049 {
-			return v, true, err
-		}
-		if err == nil || !unanswered(err) || ctx.Err() != nil {
-			return v, false, err
-		}
-		retried = true
-		select {
-		case <-time.After(retryBackoff):
-		case <-ctx.Done():
-			return v, false, err
-		}
-	}
-}
-
 // askExisting is [ask] for a read of a stream known to exist (this call
 // created it, or a create was refused because it exists): "not found"
 // is asked again too. A server of the cluster answers "stream not found"
@@ -137,18 +106,17 @@ func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string
 		kc.TTL = cfg.ttl
 		kc.LimitMarkerTTL = cfg.ttl
 	}
-	var raced bool
 	if leader && cfg.replicas > 1 {
-		_, raced, err = askCreate(ctx, cfg, func(ctx context.Context) (jetstream.Stream, error) {
+		_, err = ask(ctx, cfg, func(ctx context.Context) (jetstream.Stream, error) {
 			return js.CreateStream(ctx, leaderKVConfig(kc))
 		})
-		if err == nil || raced || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			kv, err = askExisting(ctx, cfg, bind) // made now (by this call's earlier try, if raced), or before by another version
+		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			kv, err = askExisting(ctx, cfg, bind) // made now, or before by another version
 		}
 	} else {
-		kv, raced, err = askCreate(ctx, cfg, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, kc) })
-		if raced || errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = askExisting(ctx, cfg, bind) // this call's earlier try, or another process, made it first
+		kv, err = ask(ctx, cfg, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, kc) })
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = askExisting(ctx, cfg, bind) // another process made it first
 		}
 	}
 	if err != nil {
@@ -184,10 +152,7 @@ func leaderKVConfig(kc jetstream.KeyValueConfig) jetstream.StreamConfig {
 // first: CreateOrUpdateStream updates first, and an update of a stream
 // another process has just created can go unanswered.
 func (s *Store) openStream(ctx context.Context, sc jetstream.StreamConfig) (jetstream.Stream, error) {
-	h, raced, err := askCreate(ctx, s.cfg, func(ctx context.Context) (jetstream.Stream, error) { return s.js.CreateStream(ctx, sc) })
-	if raced { // this call's earlier try made it, with sc
-		return askExisting(ctx, s.cfg, func(ctx context.Context) (jetstream.Stream, error) { return s.js.Stream(ctx, sc.Name) })
-	}
+	h, err := ask(ctx, s.cfg, func(ctx context.Context) (jetstream.Stream, error) { return s.js.CreateStream(ctx, sc) })
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		h, err = ask(ctx, s.cfg, func(ctx context.Context) (jetstream.Stream, error) { return s.js.UpdateStream(ctx, sc) })
 	}
