@@ -2,7 +2,6 @@ package natsstore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,7 +12,6 @@ import (
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/ferrymq/ferry/natsstore"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 var fresh atomic.Int64
@@ -188,10 +186,7 @@ func dropDeployment(t *testing.T, c *cluster, prefix string) {
 			t.Errorf("list streams: %v", err)
 		}
 		for _, name := range drop {
-			// Not found: deleted meanwhile (by a second drop of the same
-			// prefix in the subtest, its listing older than the first's
-			// delete), which is what was asked.
-			if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			if err := js.DeleteStream(ctx, name); err != nil {
 				t.Errorf("delete stream %s: %v", name, err)
 			}
 		}
