@@ -234,15 +234,21 @@ func startRig(ctx context.Context, replicas int) (_ *rig, err error) {
 	if r.js, err = jetstream.New(r.nc); err != nil {
 		return nil, err
 	}
-	for { // requests before the meta leader is elected get no reply
+	// Requests before the meta leader is elected get no reply, and a
+	// stream of R replicas is refused ("no suitable peers for placement,
+	// peer offline", 10005) until every peer reported to it: the rig is
+	// ready once a stream of its replicas is made. The stream stays, so
+	// that the account's store directory never empties (a create racing
+	// its removal fails, 10049).
+	for {
 		actx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := r.js.AccountInfo(actx)
+		_, err := r.js.CreateStream(actx, jetstream.StreamConfig{Name: "rigready", Replicas: replicas, Storage: jetstream.FileStorage})
 		cancel()
 		if err == nil {
 			return r, nil
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("JetStream meta leader not elected: %w", err)
+			return nil, fmt.Errorf("JetStream not ready for streams of %d replicas: %w", replicas, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
