@@ -287,7 +287,7 @@ func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
 	m.mu.Lock()
 	runs := map[int]*queueRun{}
 	for q, r := range m.runs {
-		if r.owned.Load() && !r.releasing.Load() {
+		if r.h.serving() {
 			runs[q] = r
 		}
 	}

@@ -466,22 +466,44 @@ func (b *Buffer) WaitDrained(ctx context.Context) error {
 	if err := checkContext(ctx); err != nil {
 		return &Error{Op: "buffer wait drained", Err: err}
 	}
-	b.mu.Lock()
-	if b.inflight == 0 {
-		b.mu.Unlock()
+	ch := b.drainedChan()
+	if ch == nil {
 		return nil
 	}
-	if b.drained == nil {
-		b.drained = make(chan struct{})
-	}
-	ch := b.drained
-	b.mu.Unlock()
 	select {
 	case <-ch:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// finishedAbove appends to dst the offsets of the messages finished
+// above the committable offset (those a Done marked while an older one
+// was unfinished), in increasing order, at most max of them.
+func (b *Buffer) finishedAbove(dst []int64, max int) []int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := b.head; i < len(b.entries) && len(dst) < max; i++ {
+		if b.entries[i].m == nil {
+			dst = append(dst, b.entries[i].offset)
+		}
+	}
+	return dst
+}
+
+// drainedChan returns a channel closed once no taken message is
+// unfinished, nil if none is now.
+func (b *Buffer) drainedChan() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inflight == 0 {
+		return nil
+	}
+	if b.drained == nil {
+		b.drained = make(chan struct{})
+	}
+	return b.drained
 }
 
 // Stats returns a snapshot of the buffer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -11,13 +12,19 @@ import (
 // and committed as messages finish (the smallest unfinished offset),
 // fenced by the lease's token where the store can.
 
-// commitCursor commits off for r's queue, fenced by the lease's token
-// when the store can; ErrFenced loses the queue.
-func (r *queueRun) commitCursor(ctx context.Context, off int64) error {
+// commitCursor commits off for r's queue, with finished (the finished
+// set above it, see HandoffCursorStore) when the store keeps one, fenced by
+// the lease's token when the store can; ErrFenced loses the queue.
+func (r *queueRun) commitCursor(ctx context.Context, off int64, finished []int64) error {
 	m := r.m
 	var err error
 	if r.cslot != nil {
-		err = r.cslot.commit(off, r.lease.Token())
+		err = r.cslot.commit(off, r.lease.Token(), finished)
+		if errors.Is(err, ErrFenced) {
+			r.lose()
+		}
+	} else if fs, ok := m.b.cursors.(HandoffCursorStore); ok && len(finished) > 0 {
+		err = fs.CommitFinished(ctx, m.topic, m.scope, r.q, off, finished, r.lease.Token())
 		if errors.Is(err, ErrFenced) {
 			r.lose()
 		}
@@ -49,6 +56,18 @@ func (r *queueRun) load() (int64, error) {
 		r.cslot = ms.slot(m.topic, m.scope, r.q)
 	}
 	cur := offs[r.q]
+	var set []int64
+	if hs, ok := m.b.cursors.(HandoffCursorStore); ok {
+		// The take fences the previous owner out before it reads: its
+		// late commits are refused from now on.
+		cur, set, err = hs.TakeCursor(r.ctx, m.topic, m.scope, r.q, r.lease.Token())
+		if errors.Is(err, ErrFenced) {
+			r.lose()
+		}
+		if err != nil {
+			return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
+		}
+	}
 	oldest, next, err := queueOffsets(r.ctx, r.queue)
 	if err != nil {
 		return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
@@ -62,9 +81,18 @@ func (r *queueRun) load() (int64, error) {
 	case cur < oldest || cur > next:
 		start = r.resetTo(cur, oldest, next)
 	}
+	if start == cur && len(set) > 0 {
+		if err := ValidateFinishedSet(start, set); err != nil {
+			// Skipping a message that did not finish would lose it: a set
+			// that breaks the rules is not trusted at all.
+			m.report(&Error{Op: fmt.Sprintf("take %s: finished set of %T ignored", r.id, m.b.cursors), Err: err})
+		} else {
+			r.skip, r.skipAt = set, 0
+		}
+	}
 	if start != cur {
 		began := time.Now()
-		err := r.commitCursor(r.ctx, start)
+		err := r.commitCursor(r.ctx, start, nil)
 		m.recordCommit(time.Since(began))
 		if err != nil {
 			return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
@@ -75,6 +103,33 @@ func (r *queueRun) load() (int64, error) {
 	r.commitMu.Unlock()
 	r.releaseBlocked(start)
 	return start, nil
+}
+
+// finishedSet returns the finished set to commit with the cursor at off
+// for the last time: what this holding finished above off, and what the
+// previous owner had (see load) that is still above off; nil when the
+// store keeps no set.
+func (r *queueRun) finishedSet(off int64) []int64 {
+	if _, ok := r.m.b.cursors.(HandoffCursorStore); !ok {
+		return nil
+	}
+	own := r.buf.finishedAbove(nil, MaxFinishedSet)
+	var carried []int64
+	for _, o := range r.skip {
+		if o > off {
+			carried = append(carried, o)
+		}
+	}
+	if len(carried) == 0 {
+		return own
+	}
+	set := append(own, carried...)
+	slices.Sort(set)
+	set = slices.Compact(set)
+	if len(set) > MaxFinishedSet {
+		set = set[:MaxFinishedSet]
+	}
+	return set
 }
 
 // resetTo returns where a consumer at offset from, outside the retained
@@ -117,19 +172,24 @@ func (r *queueRun) tryCommit() bool {
 
 // commitLocked is commit; r.commitMu is held.
 func (r *queueRun) commitLocked(final bool) error {
-	if r.released || !r.owned.Load() || r.lost.Load() {
+	// The gate: commits land until the holding is released (the holding's
+	// goroutine publishes released before its last commit, which takes
+	// the lock after every commit that passed this), never once the
+	// lease is lost.
+	if final && r.h.posted(evLost) || !final && !r.h.lands() || r.expired() {
 		return nil
 	}
-	if final {
-		r.released = true
-	}
 	off := r.buf.Committable()
-	if off == r.committed {
+	var finished []int64
+	if final {
+		finished = r.finishedSet(off)
+	}
+	if off == r.committed && len(finished) == 0 {
 		return nil
 	}
 	m := r.m
 	start := time.Now()
-	err := r.commitCursor(context.Background(), off)
+	err := r.commitCursor(context.Background(), off, finished)
 	took := time.Since(start)
 	m.recordCommit(took)
 	if m.hooks != nil {

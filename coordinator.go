@@ -135,6 +135,21 @@ type MemoryCoordinator struct {
 	locks  map[lockKey]*memLease
 	tokens map[lockKey]uint64 // the last token given per lock
 	closed bool
+	// calls are the consumers' callbacks (a session's event, a lease's
+	// loss) due since the lock was taken: unlock makes them once it has
+	// let the lock go, so that no consumer code runs in it.
+	calls []func()
+}
+
+// unlock unlocks c.mu, then makes the callbacks queued under it.
+func (c *MemoryCoordinator) unlock() {
+	calls := c.calls
+	c.calls = nil
+	c.mu.Unlock()
+	for i, f := range calls {
+		f()
+		calls[i] = nil
+	}
 }
 
 var (
@@ -180,7 +195,7 @@ func (c *MemoryCoordinator) Join(ctx context.Context, g GroupKey, member string)
 		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: err}
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.closed {
 		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: ErrClosed}
 	}
@@ -203,7 +218,7 @@ func (c *MemoryCoordinator) notifyLocked(g GroupKey) {
 		default: // a change is already pending
 		}
 		if s.onEvent != nil {
-			s.onEvent()
+			c.calls = append(c.calls, s.onEvent)
 		}
 	}
 }
@@ -247,7 +262,7 @@ func (c *MemoryCoordinator) Members(ctx context.Context, g GroupKey) ([]string, 
 // Close implements [io.Closer]: every session ends, every lease is lost.
 func (c *MemoryCoordinator) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.closed {
 		return nil
 	}
@@ -361,7 +376,7 @@ func (s *memSession) Leave(ctx context.Context) error {
 		return &Error{Op: fmt.Sprintf("leave %s", s.g), Err: err}
 	}
 	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
+	defer s.c.unlock()
 	s.endLocked()
 	return nil
 }
@@ -387,7 +402,7 @@ func (s *memSession) endLocked() {
 	}
 	close(s.done)
 	if s.onEvent != nil {
-		s.onEvent()
+		s.c.calls = append(s.c.calls, s.onEvent)
 	}
 }
 
@@ -458,7 +473,7 @@ func (l *memLease) freeLocked(lost bool) {
 			close(l.lost)
 		}
 		if l.onLost != nil {
-			l.onLost()
+			l.s.c.calls = append(l.s.c.calls, l.onLost)
 		}
 	}
 	c := l.s.c
@@ -475,8 +490,9 @@ func (l *memLease) freeLocked(lost bool) {
 
 // afterLost arranges for f to be called when the lease is lost, so that
 // a consumer needs no goroutine per lease to watch Lost: f is called
-// with the coordinator's lock held and must not call the coordinator. It
-// reports false, calling nothing, if the lease is gone already.
+// once the coordinator has let its lock go (see unlock), in the goroutine
+// whose call lost the lease, and must not block. It reports false,
+// calling nothing, if the lease is gone already.
 func (l *memLease) afterLost(f func()) bool {
 	l.s.c.mu.Lock()
 	defer l.s.c.mu.Unlock()
@@ -499,9 +515,9 @@ type lostNotifier interface {
 // coordinator: notify arranges for f to be called after every membership
 // change and when the session ends, so that a consumer follows its
 // membership with no goroutine waiting on Changed and Done. f is called
-// with the coordinator's lock held: it must neither block nor call the
-// coordinator. notify reports false, arranging nothing, if the session
-// has ended.
+// once the coordinator has let its lock go (see unlock), in the goroutine
+// whose call made the change: it must not block. notify reports false,
+// arranging nothing, if the session has ended.
 type sessionNotifier interface {
 	notify(f func()) bool
 }

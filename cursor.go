@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 )
 
@@ -78,6 +79,59 @@ type FencedCursorStore interface {
 	CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error
 }
 
+// HandoffCursorStore is an optional interface of a [FencedCursorStore]
+// that hands a queue from one owner to the next exactly. The new owner
+// takes the cursor with TakeCursor, which fences the old owner out before
+// it reads: a commit of the old owner still on its way when the lease
+// moved is refused rather than land after the new owner read (moving the
+// cursor back under it). The old owner's last commit, CommitFinished,
+// carries the offsets above the cursor whose messages finished already,
+// the queue's finished set, which the new owner skips instead of
+// delivering them again: a release that leaves a message unfinished while
+// later ones finished (a revoke stops a taken batch; the drain timeout
+// gives up on a handler) hands the queue over without duplicates. Over a
+// store without it, a late commit of the old owner can land once after
+// the take, and those later messages are delivered again (at least once).
+//
+// TakeCursor raises the token of (topic, group, queue) to token and
+// returns the queue's cursor (-1 when none) and its finished set (nil
+// when empty; the caller owns it), in one step; a token lower than the
+// last is [ErrFenced] and changes nothing. CommitFinished commits offset
+// with finished as CommitFenced commits: finished holds at most
+// [MaxFinishedSet] offsets, each above offset, in increasing order, or
+// the call is [ErrInvalidOption] and writes nothing. Every other commit
+// of the queue (Commit, CommitFenced) empties its set; Forget forgets it.
+// A store that wraps another with this interface must wrap it too (see
+// FencedCursorStore). For store implementers.
+type HandoffCursorStore interface {
+	FencedCursorStore
+	TakeCursor(ctx context.Context, topic, group string, queue int, token uint64) (offset int64, finished []int64, err error)
+	CommitFinished(ctx context.Context, topic, group string, queue int, offset int64, finished []int64, token uint64) error
+}
+
+// MaxFinishedSet bounds the finished set of a queue's cursor (see
+// [HandoffCursorStore]): a member with more finished messages above its
+// cursor commits the lowest MaxFinishedSet, and the next owner delivers
+// the rest again.
+const MaxFinishedSet = 1 << 16
+
+// ValidateFinishedSet checks the finished set of a commit at offset (see
+// [HandoffCursorStore]). Errors wrap [ErrInvalidOption]. For store
+// implementers.
+func ValidateFinishedSet(offset int64, finished []int64) error {
+	if len(finished) > MaxFinishedSet {
+		return fmt.Errorf("%w: finished set of %d offsets, more than %d", ErrInvalidOption, len(finished), MaxFinishedSet)
+	}
+	last := offset
+	for i, o := range finished {
+		if o <= last {
+			return fmt.Errorf("%w: finished set: offset %d (at %d) not above %d", ErrInvalidOption, o, i, last)
+		}
+		last = o
+	}
+	return nil
+}
+
 // ValidateTopicCursorsArgs checks the arguments of a call about every
 // group's cursors on a topic ([CursorGroups.Cursors]): a valid topic name
 // and a queue count in range. Errors wrap [ErrInvalidTopic], for the
@@ -104,9 +158,10 @@ type MemoryCursorStore struct {
 // queue commits through a cursorSlot, which points at it: no map lookup
 // per commit.
 type memCursor struct {
-	offs   []int64  // per queue, -1 where none
-	tokens []uint64 // per queue, the token of the last fenced commit
-	gone   bool     // forgotten: a slot's commit goes through the maps again
+	offs     []int64   // per queue, -1 where none
+	tokens   []uint64  // per queue, the token of the last fenced commit
+	finished [][]int64 // per queue, the finished set (see HandoffCursorStore)
+	gone     bool      // forgotten: a slot's commit goes through the maps again
 }
 
 // cursorSlot is one queue's cursor in a MemoryCursorStore.
@@ -118,9 +173,10 @@ type cursorSlot struct {
 }
 
 var (
-	_ CursorStore       = (*MemoryCursorStore)(nil)
-	_ CursorGroups      = (*MemoryCursorStore)(nil)
-	_ FencedCursorStore = (*MemoryCursorStore)(nil)
+	_ CursorStore        = (*MemoryCursorStore)(nil)
+	_ CursorGroups       = (*MemoryCursorStore)(nil)
+	_ FencedCursorStore  = (*MemoryCursorStore)(nil)
+	_ HandoffCursorStore = (*MemoryCursorStore)(nil)
 )
 
 // NewMemoryCursorStore returns an empty store.
@@ -213,6 +269,82 @@ func (s *MemoryCursorStore) commit(ctx context.Context, topic, group string, que
 	return s.commitLocked(s.cursorLocked(topic, group), topic, group, queue, offset, token, fenced)
 }
 
+// CommitFinished implements [HandoffCursorStore].
+func (s *MemoryCursorStore) CommitFinished(ctx context.Context, topic, group string, queue int, offset int64, finished []int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "commit cursor", Err: err}
+	}
+	if err := ValidateGroupCursorArgs(topic, group, queue); err != nil {
+		return &Error{Op: "commit cursor", Err: err}
+	}
+	if offset < 0 {
+		return &Error{Op: "commit cursor", Err: fmt.Errorf("%w: offset %d", ErrOffsetOutOfRange, offset)}
+	}
+	if err := ValidateFinishedSet(offset, finished); err != nil {
+		return &Error{Op: "commit cursor", Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return &Error{Op: "commit cursor", Err: err}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return &Error{Op: "commit cursor", Err: ErrClosed}
+	}
+	c := s.cursorLocked(topic, group)
+	if err := s.commitLocked(c, topic, group, queue, offset, token, true); err != nil {
+		return err
+	}
+	c.setFinished(queue, finished)
+	return nil
+}
+
+// TakeCursor implements [HandoffCursorStore].
+func (s *MemoryCursorStore) TakeCursor(ctx context.Context, topic, group string, queue int, token uint64) (int64, []int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, nil, &Error{Op: "take cursor", Err: err}
+	}
+	if err := ValidateGroupCursorArgs(topic, group, queue); err != nil {
+		return 0, nil, &Error{Op: "take cursor", Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, &Error{Op: "take cursor", Err: err}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, nil, &Error{Op: "take cursor", Err: ErrClosed}
+	}
+	c := s.cursorLocked(topic, group)
+	for len(c.offs) <= queue {
+		c.offs = append(c.offs, -1)
+		c.tokens = append(c.tokens, 0)
+	}
+	if last := c.tokens[queue]; token < last {
+		return 0, nil, &Error{Op: fmt.Sprintf("take cursor %s/%s[%d]", topic, group, queue), Err: fmt.Errorf("%w: token %d, last %d", ErrFenced, token, last)}
+	}
+	c.tokens[queue] = token
+	var set []int64
+	if queue < len(c.finished) && len(c.finished[queue]) > 0 {
+		set = slices.Clone(c.finished[queue])
+	}
+	return c.offs[queue], set, nil
+}
+
+// setFinished sets queue's finished set to a copy of finished. s.mu held.
+func (c *memCursor) setFinished(queue int, finished []int64) {
+	if len(finished) == 0 {
+		if queue < len(c.finished) {
+			c.finished[queue] = nil
+		}
+		return
+	}
+	for len(c.finished) <= queue {
+		c.finished = append(c.finished, nil)
+	}
+	c.finished[queue] = slices.Clone(finished)
+}
+
 // cursorLocked returns group's cursor on topic, making it. s.mu held.
 func (s *MemoryCursorStore) cursorLocked(topic, group string) *memCursor {
 	groups := s.offsets[topic]
@@ -241,6 +373,7 @@ func (s *MemoryCursorStore) commitLocked(c *memCursor, topic, group string, queu
 		c.tokens[queue] = token
 	}
 	c.offs[queue] = offset
+	c.setFinished(queue, nil)
 	return nil
 }
 
@@ -253,7 +386,8 @@ func (s *MemoryCursorStore) slot(topic, group string, queue int) *cursorSlot {
 }
 
 // commitSlot is CommitFenced of sl's queue, without the map lookups.
-func (sl *cursorSlot) commit(offset int64, token uint64) error {
+// With finished, the commit is CommitFinished's (finished valid).
+func (sl *cursorSlot) commit(offset int64, token uint64, finished []int64) error {
 	s := sl.s
 	if offset < 0 {
 		return &Error{Op: "commit cursor", Err: fmt.Errorf("%w: offset %d", ErrOffsetOutOfRange, offset)}
@@ -268,7 +402,11 @@ func (sl *cursorSlot) commit(offset int64, token uint64) error {
 		c = s.cursorLocked(sl.topic, sl.group)
 		sl.c = c
 	}
-	return s.commitLocked(c, sl.topic, sl.group, sl.queue, offset, token, true)
+	if err := s.commitLocked(c, sl.topic, sl.group, sl.queue, offset, token, true); err != nil {
+		return err
+	}
+	c.setFinished(sl.queue, finished)
+	return nil
 }
 
 // Cursors implements [CursorGroups].

@@ -79,9 +79,11 @@ func noHandlingPastLeaseDeadline(t *testing.T, ordered bool) {
 // one's in the past; its Lost is never closed for it.
 type deadlineCoordinator struct {
 	*MemoryCoordinator
-	grants  atomic.Int64
-	expired atomic.Bool
-	first   atomic.Pointer[deadlineLease]
+	// firstTTL, if set, is the first lease's deadline from its grant.
+	firstTTL time.Duration
+	grants   atomic.Int64
+	expired  atomic.Bool
+	first    atomic.Pointer[deadlineLease]
 }
 
 func (c *deadlineCoordinator) Join(ctx context.Context, g GroupKey, member string) (Session, error) {
@@ -110,6 +112,9 @@ func (s *deadlineSession) Lock(ctx context.Context, queue int) (Lease, error) {
 	dl := &deadlineLease{Lease: l}
 	dl.deadline.Store(time.Now().Add(time.Hour).UnixNano())
 	if s.c.grants.Add(1) == 1 {
+		if s.c.firstTTL > 0 {
+			dl.deadline.Store(time.Now().Add(s.c.firstTTL).UnixNano())
+		}
 		s.c.first.Store(dl)
 	}
 	return dl, nil
@@ -121,3 +126,40 @@ type deadlineLease struct {
 }
 
 func (l *deadlineLease) Deadline() (time.Time, bool) { return time.Unix(0, l.deadline.Load()), true }
+
+// A handler running when its lease's deadline passes learns it through
+// its context, at the deadline, though nothing else happens meanwhile to
+// notice it (no gate is passed, Lost is never closed): a process whose
+// lease expired must not go on with work the group has moved.
+func TestHandlerCancelledAtLeaseDeadline(t *testing.T) {
+	ctx := context.Background()
+	coord := &deadlineCoordinator{MemoryCoordinator: NewMemoryCoordinator(), firstTTL: 300 * time.Millisecond}
+	b, err := NewBroker(WithCoordinator(coord))
+	require.NoError(t, err)
+	defer b.Close()
+	defer coord.Close()
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "t", Queues: 1}))
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	_, err = p.Send(ctx, &Message{Topic: "t", Body: []byte("x")})
+	require.NoError(t, err)
+	cancelled := make(chan time.Time, 1)
+	var once atomic.Bool
+	c, err := b.NewConsumer("g", "t", HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
+		if once.CompareAndSwap(false, true) {
+			<-ctx.Done() // works until told to stop
+			cancelled <- time.Now()
+		}
+		return nil
+	}), WithDrainTimeout(time.Minute))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	select {
+	case at := <-cancelled:
+		d, _ := coord.first.Load().Deadline()
+		assert.False(t, at.Before(d), "cancelled at %v, before the deadline %v", at, d)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler's context was not cancelled after its lease's deadline")
+	}
+}

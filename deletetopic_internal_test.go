@@ -76,7 +76,7 @@ func TestPauseCoversRetriesAfterAddQueues(t *testing.T) {
 		rc.m.mu.Lock()
 		defer rc.m.mu.Unlock()
 		r := rc.m.runs[q]
-		return r != nil && r.paused.Load()
+		return r != nil && r.h.held(holdPause)
 	}
 	require.Eventually(t, func() bool { return len(rc.Assigned()) == 2 }, 10*time.Second, time.Millisecond)
 

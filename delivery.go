@@ -241,7 +241,7 @@ func (d *deliverer) serve(w *worker, r *queueRun, it *retryItem) {
 	dctx := w.dctx
 	switch {
 	case it != nil:
-		if it.r.releasing.Load() || it.r.expired() {
+		if !it.r.admit() {
 			it.r.buf.abandon(it.msg) // the next owner gets it again
 			return
 		}
@@ -296,10 +296,10 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	}
 	batch := w.batch
 	for i, msg := range batch[:n] {
-		if r.finished.Load() || r.expired() {
-			// Released (the drain timed out), or the lease may have
-			// expired (the process was paused past its TTL): what has
-			// not started goes back unfinished, to the next owner.
+		if !r.admit() {
+			// Revoked, closing or lost, or the lease may have expired
+			// (the process was paused past its TTL): what has not
+			// started goes back unfinished, to the next owner.
 			r.buf.abandon(batch[i:n]...)
 			break
 		}
@@ -339,7 +339,7 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 	}
 	dctx.Context = r.hctx
 	for range 64 {
-		if r.expired() || !r.admits() {
+		if !r.admitTake() {
 			break
 		}
 		n, _ := r.buf.Take(one)
@@ -373,14 +373,14 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage) bool {
 	m := d.m
 	for attempt := 1; ; attempt++ {
-		if r.expired() {
+		if !r.admit() {
 			return false
 		}
 		err := d.call(dctx, msg, attempt)
 		if err == nil {
 			return true
 		}
-		if r.releasing.Load() {
+		if !r.h.serving() {
 			return false
 		}
 		if attempt >= m.cfg.maxAttempts || isPermanent(err) {
@@ -407,7 +407,7 @@ func (d *deliverer) wait(r *queueRun, w time.Duration) bool {
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return !r.releasing.Load()
+		return r.h.serving()
 	case <-r.ctx.Done():
 		return false
 	case <-r.hctx.Done():

@@ -90,7 +90,7 @@ func (r *queueRun) fetch() bool {
 		if r.ctx.Err() != nil {
 			return true
 		}
-		if r.paused.Load() {
+		if r.h.held(holdPause) {
 			return false // setPaused(false), a seek or the release kicks it
 		}
 		scratch := r.scratch
@@ -116,6 +116,7 @@ func (r *queueRun) fetch() bool {
 				oldest, end, oerr := queueOffsets(r.ctx, r.queue)
 				if oerr == nil {
 					to := r.resetTo(next, oldest, end)
+					r.skip, r.skipAt = nil, 0 // offsets that moved mean nothing any more
 					if to < next {
 						r.buf.Reset(to)
 					} else {
@@ -151,6 +152,9 @@ func (r *queueRun) fetch() bool {
 				}
 			}
 			batch = kept
+		}
+		if r.skipAt < len(r.skip) {
+			batch = r.skipFinished(batch)
 		}
 		seeked := false
 		for len(batch) > 0 {
@@ -191,6 +195,24 @@ func (r *queueRun) fetch() bool {
 			r.scratch = make([]*EnhancedMessage, min(2*n, r.limit))
 		}
 	}
+}
+
+// skipFinished drops from batch the messages of the finished set the
+// cursor was loaded with (the previous owner finished them).
+func (r *queueRun) skipFinished(batch []*EnhancedMessage) []*EnhancedMessage {
+	kept := batch[:0]
+	for _, msg := range batch {
+		for r.skipAt < len(r.skip) && r.skip[r.skipAt] < msg.Offset {
+			r.skipAt++
+		}
+		if r.skipAt < len(r.skip) && r.skip[r.skipAt] == msg.Offset {
+			r.skipAt++
+			continue
+		}
+		kept = append(kept, msg)
+	}
+	clear(batch[len(kept):])
+	return kept
 }
 
 // seekReq asks a run's fetch loop to move to offset to.
@@ -259,9 +281,9 @@ func (r *queueRun) requestSeek(ctx context.Context, req seekReq) bool {
 // polled ones are let go: their later Commit is ignored), the buffered
 // rest is dropped, and the cursor is committed at req.to.
 func (r *queueRun) seek(req seekReq) {
-	r.seeking.Store(true)
+	r.h.hold(holdSeek, true)
 	defer func() {
-		r.seeking.Store(false)
+		r.h.hold(holdSeek, false)
 		if r.buf.Pending() > 0 {
 			r.m.sched.push(r)
 		}
@@ -274,7 +296,8 @@ func (r *queueRun) seek(req seekReq) {
 	}
 	r.buf.Reset(req.to)
 	r.commitMu.Lock()
-	err := r.commitCursor(r.ctx, req.to)
+	r.skip, r.skipAt = nil, 0 // the seek asks for what is there, handled or not
+	err := r.commitCursor(r.ctx, req.to, nil)
 	if err == nil {
 		r.committed = req.to
 	}

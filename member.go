@@ -366,7 +366,7 @@ func (m *groupMember) pausedQueues() []QueueID {
 	defer m.mu.Unlock()
 	var out []QueueID
 	for _, r := range m.runs {
-		if r.owned.Load() && r.paused.Load() {
+		if r.h.owned() && r.h.held(holdPause) {
 			out = append(out, r.id)
 		}
 	}
@@ -380,7 +380,7 @@ func (m *groupMember) assigned() []QueueID {
 	defer m.mu.Unlock()
 	out := make([]QueueID, 0, len(m.runs))
 	for _, r := range m.runs {
-		if r.owned.Load() {
+		if r.h.owned() {
 			out = append(out, r.id)
 		}
 	}

@@ -147,7 +147,7 @@ func (c *PullConsumer) finish(msgs []*EnhancedMessage) []*queueRun {
 		if msg == nil || msg.Topic != m.topic {
 			continue
 		}
-		if r := m.runs[msg.Queue]; r != nil && !r.finished.Load() {
+		if r := m.runs[msg.Queue]; r != nil && r.h.lands() {
 			r.buf.Done(msg)
 			m.handled.Add(1)
 			if len(touched) == 0 || touched[len(touched)-1] != r {

@@ -22,24 +22,29 @@ type queueRun struct {
 	// deadline is the lease when it can expire by the clock (see
 	// DeadlineLease); nil otherwise. Set with lease.
 	deadline DeadlineLease
+	// dtimer fires at the deadline (see watchDeadline); dmu guards its
+	// arming against the run's end (dstopped).
+	dtimer   *time.Timer
+	dmu      sync.Mutex
+	dstopped bool
 	buf      *Buffer
 
-	ctx    context.Context // fetch context; cancelled to release
+	// h is the holding's phase, the events posted to it and its holds
+	// (see holding.go). announced is the holding goroutine's: the
+	// assigned callbacks ran.
+	h         holding
+	announced bool
+
+	ctx    context.Context // fetch context; cancelled when a stop is posted
 	cancel context.CancelFunc
 	// hctx is the context handlers run under; cancelled when the drain
-	// timeout gives up on them.
+	// timeout gives up on them, or the lease is lost.
 	hctx    context.Context
 	hcancel context.CancelFunc
+	wake    chan struct{} // capacity 1: a post wakes the holding's goroutine in a drain
 	ready   chan struct{} // closed once the queue is taken (or the take gave up)
 	done    chan struct{} // closed when the run has released the queue
 
-	owned     atomic.Bool // lock held and cursor loaded
-	dropped   atomic.Bool // revoked by a rebalance: the member does not take it again when it ends
-	releasing atomic.Bool // revoked: no take from the buffer, no retry starts
-	finished  atomic.Bool // drained (or the drain gave up): no handling starts
-	lost      atomic.Bool // the lease was lost (or fenced): no commit from now on
-	paused    atomic.Bool // no fetch and no take until resumed (see Consumer.Pause)
-	seeking   atomic.Bool // a seek waits for the in-flight messages: no take
 	// seeks carries Consumer.Seek's requests to the fetch loop; fcancel
 	// cancels the fetch loop's current Read or Put so that it takes one.
 	seeks   chan seekReq
@@ -64,10 +69,16 @@ type queueRun struct {
 
 	inReady bool // guarded by m.sched.mu
 
+	// skip is the finished set the queue's cursor was loaded with (see
+	// HandoffCursorStore): messages the previous owner finished, which the
+	// fetch loop drops; skipAt is the first not passed yet. The fetch
+	// loop's.
+	skip   []int64
+	skipAt int
+
 	cslot     *cursorSlot // the queue's cursor, when the store is a MemoryCursorStore
-	commitMu  sync.Mutex  // guards committed and released
+	commitMu  sync.Mutex  // guards committed; commits hold it
 	committed int64
-	released  bool
 }
 
 func (m *groupMember) newRun(q int, sess Session) *queueRun {
@@ -75,6 +86,7 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 		m: m, q: q, id: QueueID{Topic: m.topic, Queue: q}, t: m.view.Load().t, sess: sess,
 		buf:   newBuffer(m.cfg.buffer),
 		seeks: make(chan seekReq, 1),
+		wake:  make(chan struct{}, 1),
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
 	}
@@ -112,7 +124,8 @@ func (r *queueRun) run() {
 			}
 			t.Stop()
 		}
-		r.finished.Store(true)
+		r.step(evFailed)
+		r.stepPosted()
 		r.end(false)
 		return
 	}
@@ -127,13 +140,16 @@ func (r *queueRun) taken(lease Lease) {
 	m := r.m
 	r.lease = lease
 	r.deadline, _ = lease.(DeadlineLease)
+	r.step(evGranted)
 	r.stopWatch = r.watchLost()
+	r.watchDeadline()
 	start, err := r.load()
 	if err != nil {
 		if r.ctx.Err() == nil {
 			m.report(err)
 		}
-		r.finished.Store(true)
+		r.step(evFailed)
+		r.stepPosted()
 		// The run gives the queue back after a pause, and the member
 		// takes it again (see runEnded): a cursor store that failed for
 		// a moment (its leader being elected, say) must not leave the
@@ -150,10 +166,13 @@ func (r *queueRun) taken(lease Lease) {
 		return
 	}
 	r.buf.Reset(start)
-	r.owned.Store(true)
-	r.callback("assigned", m.cfg.onAssigned)
-	m.hooks.onRebalanced(m.scope, m.cfg.memberID, r.id, true)
+	if r.step(evLoaded)&doAnnounce != 0 {
+		r.announced = true
+		r.callback("assigned", m.cfg.onAssigned)
+		m.hooks.onRebalanced(m.scope, m.cfg.memberID, r.id, true)
+	}
 	r.markReady()
+	r.act(r.stepPosted()) // a revoke or a loss posted meanwhile
 	r.limit = min(maxFetchBatch, max(1, r.buf.highMsgs))
 	r.scratch = make([]*EnhancedMessage, min(minFetchBatch, r.limit))
 	r.waiter.kicker = r
@@ -164,7 +183,7 @@ func (r *queueRun) taken(lease Lease) {
 	// goroutine is started for an idle queue.
 	if p, ok := r.queue.(readParker); ok {
 		n := r.kicks.Load()
-		if len(r.seeks) == 0 && r.ctx.Err() == nil && !r.paused.Load() && p.park(r.buf.Next(), &r.waiter) && r.kicks.CompareAndSwap(n, 0) {
+		if len(r.seeks) == 0 && r.ctx.Err() == nil && !r.h.held(holdPause) && p.park(r.buf.Next(), &r.waiter) && r.kicks.CompareAndSwap(n, 0) {
 			return
 		}
 	}
@@ -177,9 +196,12 @@ func (r *queueRun) finish() {
 	if p, ok := r.queue.(readParker); ok {
 		p.unpark(&r.waiter)
 	}
+	r.act(r.stepPosted())
 	r.release()
-	r.callback("revoked", m.cfg.onRevoked)
-	m.hooks.onRebalanced(m.scope, m.cfg.memberID, r.id, false)
+	if r.announced {
+		r.callback("revoked", m.cfg.onRevoked)
+		m.hooks.onRebalanced(m.scope, m.cfg.memberID, r.id, false)
+	}
 	r.end(true)
 }
 
@@ -187,6 +209,7 @@ func (r *queueRun) finish() {
 func (r *queueRun) end(locked bool) {
 	if locked {
 		r.stopWatch()
+		r.stopDeadline()
 		r.unlock()
 	}
 	r.markReady()
@@ -233,17 +256,124 @@ func (r *queueRun) watchLost() func() {
 	return func() { close(exit); <-watched }
 }
 
-// lose is the loss of the lease (or a fenced commit): the run stops at
-// once, cancels its handlers, and commits nothing more, since its token
-// is stale. What was in flight goes to the next owner.
-func (r *queueRun) lose() {
-	if r.lost.Swap(true) {
+// watchDeadline arms a timer at the lease's deadline, when it has one
+// (see DeadlineLease): once the lease may have expired by this process's
+// clock, the run loses the queue then, cancelling its handlers' context,
+// though no gate was passed meanwhile to notice it.
+func (r *queueRun) watchDeadline() {
+	if r.deadline == nil {
 		return
 	}
-	r.revoke()
-	r.finished.Store(true)
-	r.hcancel()
-	r.m.b.log.Warn("ferry: queue lease lost", "group", r.m.scope, "queue", r.id.String(), "member", r.m.cfg.memberID)
+	r.dtimer = time.AfterFunc(time.Hour, r.checkDeadline)
+	r.armDeadline()
+}
+
+// checkDeadline is the deadline timer's: it loses the queue if the
+// deadline passed, and waits for the next one if a renewal moved it.
+func (r *queueRun) checkDeadline() {
+	if r.h.posted(evLost) || r.expired() {
+		return
+	}
+	r.armDeadline()
+}
+
+// noDeadlineRecheck is how often a lease with no deadline yet is looked
+// at again.
+const noDeadlineRecheck = time.Second
+
+// armDeadline sets the deadline timer for the lease's deadline now.
+func (r *queueRun) armDeadline() {
+	wait := noDeadlineRecheck
+	if d, ok := r.deadline.Deadline(); ok {
+		wait = max(time.Until(d), time.Millisecond)
+	}
+	r.dmu.Lock()
+	defer r.dmu.Unlock()
+	if !r.dstopped {
+		r.dtimer.Reset(wait)
+	}
+}
+
+// stopDeadline stops the deadline timer for good.
+func (r *queueRun) stopDeadline() {
+	if r.dtimer == nil {
+		return
+	}
+	r.dmu.Lock()
+	r.dstopped = true
+	r.dtimer.Stop()
+	r.dmu.Unlock()
+}
+
+// lose posts the loss of the lease (or a fenced commit, or a deadline
+// passed): the run stops at once, cancels its handlers, and commits
+// nothing more, since its token is stale. What was in flight goes to the
+// next owner. Any goroutine, a coordinator's callback included: it only
+// posts.
+func (r *queueRun) lose() { r.post(evLost) }
+
+// post posts a stop (revoke, closing, lost) from any goroutine: the gates
+// see it at once (no take and no handling starts after it; a loss
+// cancels the handlers' context at once too), and the holding's goroutine
+// steps it: it is woken wherever it waits (a Lock, a
+// cursor load, a Read, a Put, a drain), or started if parked.
+func (r *queueRun) post(e event) {
+	if !r.h.post(e) {
+		return
+	}
+	if e == evLost {
+		// The lease may be another member's already: the handlers learn
+		// it now, not when the holding's goroutine steps the loss.
+		r.hcancel()
+	}
+	r.cancel()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	r.kick()
+}
+
+// step steps the holding through e and returns what the transition asks
+// for. The holding's goroutine only.
+func (r *queueRun) step(e event) action {
+	p := r.h.phase()
+	next, do, ok := transition(p, e)
+	if !ok {
+		return 0
+	}
+	r.h.setPhase(next)
+	if next == lost && p != lost {
+		r.m.b.log.Warn("ferry: queue lease lost", "group", r.m.scope, "queue", r.id.String(), "member", r.m.cfg.memberID, "phase", p.String())
+	}
+	return do
+}
+
+// stepPosted steps the events posted since the holding's goroutine last
+// looked, a loss first (it skips the drain), and returns what they ask
+// for. The holding's goroutine only.
+func (r *queueRun) stepPosted() action {
+	s := r.h.st.Load() & postedStop &^ r.h.stepped
+	var do action
+	for _, e := range [...]event{evLost, evRevoke, evClosing} {
+		if bit := postedBit(e); s&bit != 0 {
+			r.h.stepped |= bit
+			do |= r.step(e)
+		}
+	}
+	return do
+}
+
+// act does what transitions asked for, but the drain and the last commit
+// (see release).
+func (r *queueRun) act(do action) {
+	if do&doStopIntake != 0 {
+		r.buf.Close() // no take after this: the drain is final
+		r.cancel()
+	}
+	if do&doCancelHandlers != 0 {
+		r.hcancel()
+	}
 }
 
 // unlockTimeout bounds the Release of a lease.
@@ -253,7 +383,7 @@ const unlockTimeout = 10 * time.Second
 func (r *queueRun) unlock() {
 	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
 	defer cancel()
-	if err := r.lease.Release(ctx); err != nil && !r.lost.Load() {
+	if err := r.lease.Release(ctx); err != nil && !r.h.posted(evLost) {
 		r.m.report(&Error{Op: fmt.Sprintf("unlock %s", r.id), Err: err})
 	}
 }
@@ -261,7 +391,7 @@ func (r *queueRun) unlock() {
 // setPaused pauses or resumes the run: a paused run fetches nothing more
 // and hands none of its pending messages out; what is in flight goes on.
 func (r *queueRun) setPaused(p bool) {
-	if r.paused.Swap(p) == p || p {
+	if !r.h.hold(holdPause, p) || p {
 		return
 	}
 	r.kick()
@@ -270,13 +400,20 @@ func (r *queueRun) setPaused(p bool) {
 	}
 }
 
-// admits reports whether a take of r's messages may start: not once the
-// queue is revoked (releasing), and not while it is paused or a seek
-// waits for what is in flight. A worker's take from the scheduler and
-// each take of an ordered run check it.
-func (r *queueRun) admits() bool {
-	return !r.releasing.Load() && !r.paused.Load() && !r.seeking.Load() && !r.pastDeadline()
-}
+// admits reports whether a take of r's messages may start (see
+// holding.takes), the lease's local deadline included. A worker's take
+// from the scheduler and each take of an ordered run check it. It only
+// reads: see admitTake.
+func (r *queueRun) admits() bool { return r.h.takes() && !r.pastDeadline() }
+
+// admitTake is admits, losing the queue if its lease's deadline passed.
+func (r *queueRun) admitTake() bool { return r.h.takes() && !r.expired() }
+
+// admit is the gate every handling, retry attempt and dead-letter or
+// retry write passes before it starts: the queue is served (not revoked,
+// closing or lost) and its lease may not have expired by this process's
+// clock. A taken message that may not start goes back unfinished.
+func (r *queueRun) admit() bool { return r.h.serving() && !r.expired() }
 
 // pastDeadline reports whether r's lease may have expired by this
 // process's clock (see DeadlineLease), though Lost may not be closed yet.
@@ -289,9 +426,8 @@ func (r *queueRun) pastDeadline() bool {
 }
 
 // expired reports whether r's lease may have expired, and then loses the
-// queue at once (see lose), without waiting for Lost: every handling,
-// retry and take checks it before it starts. Not under the scheduler's
-// lock (lose revokes the run).
+// queue at once (see lose), without waiting for Lost. Not under the
+// scheduler's lock (lose kicks the fetch loop).
 func (r *queueRun) expired() bool {
 	if !r.pastDeadline() {
 		return false
@@ -300,42 +436,50 @@ func (r *queueRun) expired() bool {
 	return true
 }
 
-// revoke stops intake at once, before the run drains: no message is taken
-// from the buffer and no handling or retry of one starts after it (the
-// unstarted rest of a taken batch goes back, unfinished), so nothing can
-// overtake a message left unfinished; then the fetch loop stops and the
-// run releases the queue.
+// revoke posts the queue's revoke (by a rebalance) or, when the member
+// closes, its closing: intake stops at once, before the run drains (no
+// message is taken from the buffer and no handling or retry of one starts
+// after it; the unstarted rest of a taken batch goes back unfinished), so
+// nothing can overtake a message left unfinished; then the fetch loop
+// stops and the run releases the queue.
 func (r *queueRun) revoke() {
-	r.releasing.Store(true)
-	r.buf.Close()
-	r.cancel()
-	r.kick() // a parked fetch loop must release
+	if r.m.closing() {
+		r.post(evClosing)
+		return
+	}
+	r.post(evRevoke)
 }
 
-// release stops takes, waits for the in-flight messages up to the drain
-// timeout, commits and marks the run finished. The caller unlocks.
+// release drains what is in flight (up to the drain timeout) and commits
+// for the last time, unless the lease was lost. It runs in the fetch
+// loop, once the holding is releasing or lost; the caller unlocks.
 func (r *queueRun) release() {
 	m := r.m
-	r.releasing.Store(true)
-	r.buf.Close() // no take after this: the drain below is final
 	if m.dropRetries != nil {
 		m.dropRetries(r) // a retry's backoff must not hold the release
 	}
-	timeout := m.cfg.drainTimeout
-	if m.pull && m.closing() || r.lost.Load() {
-		timeout = 0 // nothing in flight can finish: Commit is refused after Close, or the lease is gone
+	if r.h.phase() != releasing {
+		return // lost: nothing can finish
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	err := r.buf.WaitDrained(ctx)
-	cancel()
-	r.finished.Store(true) // no handling starts after the drain
-	if err != nil && timeout > 0 && !r.lost.Load() {
+	timeout := m.cfg.drainTimeout
+	if m.pull && (r.h.posted(evClosing) || m.closing()) {
+		timeout = 0 // nothing in flight can finish: Commit is refused after Close
+	}
+	ev := r.drain(timeout)
+	var do action
+	if ev == evLost {
+		do = r.stepPosted()
+	} else {
+		do = r.step(ev)
+	}
+	if ev == evDrainTimeout && timeout > 0 {
 		st := r.buf.Stats()
 		m.b.log.Warn("ferry: drain timeout, abandoning in-flight messages", "group", m.scope,
 			"queue", r.id.String(), "in_flight", st.InFlight, "timeout", m.cfg.drainTimeout)
 	}
-	if err != nil {
-		r.hcancel()
+	r.act(do)
+	if do&doCommit == 0 {
+		return
 	}
 	if err := r.commit(true); err != nil {
 		m.report(err)
@@ -343,5 +487,37 @@ func (r *queueRun) release() {
 			m.closeFailed(err)
 		}
 	}
-	r.owned.Store(false)
+}
+
+// drain waits up to timeout until nothing taken is unfinished, and
+// returns the event that ended the wait: drained, drainTimeout, or lost
+// (posted meanwhile).
+func (r *queueRun) drain(timeout time.Duration) event {
+	var expiry <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expiry = t.C
+	}
+	for {
+		if r.h.posted(evLost) {
+			return evLost
+		}
+		ch := r.buf.drainedChan()
+		if ch == nil {
+			return evDrained
+		}
+		if expiry == nil {
+			return evDrainTimeout
+		}
+		select {
+		case <-ch:
+		case <-r.wake:
+		case <-expiry:
+			if r.buf.drainedChan() == nil {
+				return evDrained
+			}
+			return evDrainTimeout
+		}
+	}
 }

@@ -157,7 +157,7 @@ const relockBackoff = 200 * time.Millisecond
 // was lost, its lock failed) and the member goes on, the loop takes the
 // queue again if it is still the member's.
 func (m *groupMember) runEnded(r *queueRun) {
-	if r.dropped.Load() || m.closing() {
+	if r.h.posted(evRevoke) || m.closing() {
 		return
 	}
 	m.rerun.Store(true)
@@ -172,7 +172,7 @@ func (m *groupMember) dropEnded() {
 	for q, r := range m.runs {
 		select {
 		case <-r.done:
-			if !r.dropped.Load() {
+			if !r.h.posted(evRevoke) {
 				delete(m.runs, q)
 			}
 		default:
@@ -326,7 +326,6 @@ func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
 	}
 	m.mu.Unlock()
 	for _, r := range lost {
-		r.dropped.Store(true)
 		r.revoke() // the run drains, commits and unlocks
 	}
 	for _, r := range lost {
@@ -343,7 +342,7 @@ func (m *groupMember) rebalance(mine []QueueID, sess Session) []*queueRun {
 				continue
 			}
 			r := m.newRun(q.Queue, sess)
-			r.paused.Store(m.pausedLocked(q.Queue))
+			r.h.hold(holdPause, m.pausedLocked(q.Queue))
 			m.runs[q.Queue] = r
 			started = append(started, r)
 			m.wg.Add(1)

@@ -125,6 +125,10 @@ func (d *deliverer) view(msg *EnhancedMessage) *EnhancedMessage {
 // first. The handler sees the original ID ([HeaderOriginID]).
 func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cause error, try int, id MessageID) bool {
 	m := d.m
+	if !r.h.lands() {
+		r.buf.abandon(msg) // the lease is gone: the next owner attempts it again
+		return false
+	}
 	if id == (MessageID{}) {
 		id = messageID(time.Now(), reserveIDs(1))
 	}
@@ -329,6 +333,9 @@ func clip(s string, n int) string {
 // the caller tries again).
 func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, cause error) bool {
 	m := d.m
+	if !r.h.lands() {
+		return false // the lease is gone: the caller leaves msg to the next owner
+	}
 	msg = d.view(msg)
 	p, err := d.dlqProducer(r.hctx)
 	var res SendResult
@@ -384,7 +391,7 @@ func (d *deliverer) dlqProducer(ctx context.Context) (*Producer, error) {
 // release never waits out a backoff.
 func (d *deliverer) schedule(it *retryItem) {
 	d.mu.Lock()
-	if it.r.releasing.Load() {
+	if !it.r.h.serving() {
 		d.mu.Unlock()
 		it.r.buf.abandon(it.msg)
 		return
@@ -403,7 +410,7 @@ func (d *deliverer) schedule(it *retryItem) {
 }
 
 // dropRetries abandons the retries waiting for r, which is being released
-// (r.releasing is set): their messages stay unfinished for the next owner.
+// (no longer served): their messages stay unfinished for the next owner.
 func (d *deliverer) dropRetries(r *queueRun) {
 	d.mu.Lock()
 	var dropped []*EnhancedMessage

@@ -51,7 +51,7 @@ func (m *groupMember) stats() ConsumerStats {
 	m.mu.Lock()
 	runs := make([]*queueRun, 0, len(m.runs))
 	for _, r := range m.runs {
-		if r.owned.Load() {
+		if r.h.owned() {
 			runs = append(runs, r)
 		}
 	}
@@ -62,7 +62,7 @@ func (m *groupMember) stats() ConsumerStats {
 		r.commitMu.Lock()
 		committed := r.committed
 		r.commitMu.Unlock()
-		st.Queues = append(st.Queues, QueueStats{Queue: r.id, Buffer: bs, Committed: committed, Paused: r.paused.Load()})
+		st.Queues = append(st.Queues, QueueStats{Queue: r.id, Buffer: bs, Committed: committed, Paused: r.h.held(holdPause)})
 		st.InFlight += bs.InFlight
 		st.Buffered += bs.Messages
 	}

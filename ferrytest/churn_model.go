@@ -19,7 +19,9 @@ import (
 // churnModel is the model-based churn test of [TestConsumers]. Members of two groups on one
 // topic — "conc" (push consumers, concurrent, beside pull consumers) and
 // "ord" (push consumers, Ordered) — join, leave, crash-close and restart
-// at random while a producer sends keyed batches; handlers fail
+// at random, pause and resume queues, and (over a Backend with Expire)
+// lose their leases with their sessions, while a producer sends keyed
+// batches; handlers fail
 // transiently (the first attempt of some offsets), permanently
 // (ferry.Permanent), panic (first attempt) or take a while (some ignoring
 // their context), and the first dead-letter write of some permanent
@@ -185,6 +187,8 @@ type churn struct {
 	members []*churnMember
 	seq     int
 	nextID  uint64
+	// pauses and losses count the Pause and Expire steps made.
+	pauses, losses int
 }
 
 func newChurn(t *testing.T, w *watchdog, be Backend, seed, stream uint64) *churn {
@@ -262,7 +266,7 @@ func (c *churn) run(rounds int) {
 		}
 		c.w.progress()
 	}
-	c.t.Logf("reopen %v: %d messages, violations: %s", c.persistent, c.nextID, c.tr.summary())
+	c.t.Logf("reopen %v: %d messages, %d pauses, %d sessions expired, violations: %s", c.persistent, c.nextID, c.pauses, c.losses, c.tr.summary())
 }
 
 // open opens the Backend again if it was closed, a broker over it
@@ -358,6 +362,71 @@ func (c *churn) step() {
 			c.closeMember(m, false)
 			c.start(m.group, m.id, m.pull, m.fragile, m.opts, m.pullOpts)
 		}
+	case a < 9:
+		c.pauseStep()
+	default:
+		c.loseStep()
+	}
+}
+
+// pauseStep pauses one queue of a member, or resumes every queue of a
+// paused one: a paused queue stays owned and nothing of it is taken, so
+// the group waits for it (settle resumes every member).
+func (c *churn) pauseStep() {
+	m := c.pick("", nil)
+	if m == nil {
+		return
+	}
+	if len(m.paused()) > 0 || c.rng.IntN(3) == 0 {
+		c.resume(m)
+		return
+	}
+	q := ferry.QueueID{Topic: churnTopic, Queue: c.rng.IntN(churnQueues)}
+	var err error
+	if m.pull {
+		err = m.pc.Pause(q)
+	} else {
+		err = m.push.Pause(q)
+	}
+	if err != nil {
+		c.fatal("pause %s of %s: %v", q, m.id, err)
+	}
+	c.pauses++
+}
+
+// resume resumes every queue of m.
+func (c *churn) resume(m *churnMember) {
+	var err error
+	if m.pull {
+		err = m.pc.Resume()
+	} else {
+		err = m.push.Resume()
+	}
+	if err != nil {
+		c.fatal("resume %s: %v", m.id, err)
+	}
+}
+
+// paused returns the queues m holds paused.
+func (m *churnMember) paused() []ferry.QueueID {
+	if m.pull {
+		return m.pc.Paused()
+	}
+	return m.push.Paused()
+}
+
+// loseStep expires a member's session in the coordinator, as if it had
+// gone silent for its time to live: its leases are lost while its
+// handlers may be busy, its queues go to the others, and it joins again.
+// Nothing over a Backend without Expire.
+func (c *churn) loseStep() {
+	if c.be.Expire == nil {
+		return
+	}
+	if m := c.pick("", nil); m != nil {
+		c.tr.expireMember(m.group, m.id)
+		c.be.Expire(ferry.GroupKey{Scope: m.group, Topic: churnTopic}, m.id)
+		c.losses++
 	}
 }
 
@@ -589,6 +658,9 @@ func (c *churn) waitBusy(m *churnMember, d time.Duration) {
 // something was missing; the round then ends without the end checks, and
 // the next round's members must pick the work up.
 func (c *churn) settle(round int) bool {
+	for _, m := range c.members {
+		c.resume(m)
+	}
 	for g := range churnGroups {
 		if c.pick(g, func(m *churnMember) bool { return !m.pull }) == nil {
 			c.join(g, false, false)

@@ -90,7 +90,7 @@ type call struct {
 	attempt       int
 	retry         bool            // a delivery from the retry topic
 	done          <-chan struct{} // the handler context's Done; nil for a pull member
-	abandoned     bool            // the test crash-closed a pull member while it held the message
+	abandoned     bool            // the test crash-closed a pull member while it held the message, or expired its member's session
 }
 
 // givenUp reports whether the consumer gave up on the call: its context
@@ -345,6 +345,24 @@ func (tr *tracker) abandonMember(group, member string) {
 	// Its loop runs on until Close stops it, and may poll more meanwhile:
 	// those calls are abandoned too.
 	tr.crashing[group+"/"+member] = true
+	for _, qt := range tr.groups[group].queues {
+		for c := range qt.inside {
+			if c.member == member {
+				c.abandoned = true
+			}
+		}
+	}
+}
+
+// expireMember marks the calls member is inside now as given up: the
+// test expired its session, as if it had been silent for its time to
+// live, though its handlers were running; a member that was silent would
+// have given them up by its own clock before the coordinator moved its
+// queues (see ferry.DeadlineLease). The calls it starts afterwards are
+// its own: an overlap of one of them is a defect.
+func (tr *tracker) expireMember(group, member string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
 	for _, qt := range tr.groups[group].queues {
 		for c := range qt.inside {
 			if c.member == member {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/ferrymq/ferry"
 )
@@ -272,12 +274,28 @@ type fakeLease struct {
 	q     int
 	inner ferry.Lease
 	lost  chan struct{}
+	// lostAt is when the lease was lost (Unix ns; 0: not lost): its
+	// deadline, which a member reads before Lost's watcher tells it.
+	lostAt atomic.Int64
 
 	gone bool // guarded by s.c.mu: released or lost
 }
 
+var _ ferry.DeadlineLease = (*fakeLease)(nil)
+
 func (l *fakeLease) Token() uint64         { return l.inner.Token() }
 func (l *fakeLease) Lost() <-chan struct{} { return l.lost }
+
+// Deadline implements [ferry.DeadlineLease]: none until the lease is
+// lost (Expire, LoseLease), then the time of the loss, so that a member
+// stops admitting work on the queue from that instant, as one whose own
+// clock told it its time to live had passed, before it sees Lost.
+func (l *fakeLease) Deadline() (time.Time, bool) {
+	if ns := l.lostAt.Load(); ns != 0 {
+		return time.Unix(0, ns), true
+	}
+	return time.Time{}, false
+}
 
 func (l *fakeLease) Release(ctx context.Context) error {
 	if err := checkContext(ctx); err != nil {
@@ -300,6 +318,7 @@ func (l *fakeLease) freeLocked(lost bool) {
 	}
 	l.gone = true
 	if lost {
+		l.lostAt.Store(time.Now().UnixNano())
 		close(l.lost)
 	}
 	k := fakeLockKey{l.s.g, l.q}

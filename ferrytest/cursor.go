@@ -69,6 +69,19 @@ type CursorStoreOpener func(t *testing.T, dir string) ferry.CursorStore
 //     higher token writes; a plain Commit still writes (a reset) and
 //     does not lower the token; tokens are kept per topic, group and
 //     queue; with [Features].TokensPersist they survive a reopen.
+//
+// For a store that implements [ferry.HandoffCursorStore] (skipped
+// otherwise):
+//
+//   - Handoff: TakeCursor returns the cursor (-1 for a queue never
+//     committed) and its finished set, and fences: a commit or take with
+//     a lower token is then [ferry.ErrFenced] and writes nothing;
+//     CommitFinished commits the cursor with its set, fenced; any other
+//     commit of the queue empties the set; sets are per topic, group and
+//     queue; a set not above the offset, out of order or over
+//     [ferry.MaxFinishedSet] is [ferry.ErrInvalidOption] and writes
+//     nothing; Forget forgets it; the caller owns the slice; with
+//     [Features].Persistent the set survives a reopen.
 func TestCursorStore(t *testing.T, f Features, open CursorStoreOpener) {
 	t.Helper()
 	cs := &cursorSuite{f: f, open: open}
@@ -86,6 +99,7 @@ func TestCursorStore(t *testing.T, f Features, open CursorStoreOpener) {
 	run(t, f, "Groups", cs.groups)
 	run(t, f, "Forget", cs.forget)
 	run(t, f, "Fenced", cs.fenced)
+	run(t, f, "Handoff", cs.handoff)
 }
 
 type cursorSuite struct {
@@ -524,4 +538,91 @@ func (s *cursorSuite) fenced(t *testing.T, w *watchdog) {
 	wantCursor(t, w, cs, "orders", "billing", 3, 40)
 	fenced("orders", "billing", 0, 51, 7)
 	wantCursor(t, w, cs, "orders", "billing", 51, 40)
+}
+
+func (s *cursorSuite) handoff(t *testing.T, w *watchdog) {
+	dir := t.TempDir()
+	cs := s.openAt(t, w, dir)
+	hs, ok := cs.(ferry.HandoffCursorStore)
+	if !ok {
+		t.Skipf("ferrytest: %T does not implement ferry.HandoffCursorStore", cs)
+	}
+	commitSet := func(topic, group string, queue int, off int64, set []int64, token uint64) {
+		t.Helper()
+		must(t, hs.CommitFinished(w.ctx, topic, group, queue, off, set, token), fmt.Sprintf("CommitFinished(%s, %s, %d, %d, %v, token %d)", topic, group, queue, off, set, token))
+	}
+	take := func(topic, group string, queue int, token uint64, wantOff int64, want []int64) {
+		t.Helper()
+		off, got, err := hs.TakeCursor(w.ctx, topic, group, queue, token)
+		must(t, err, fmt.Sprintf("TakeCursor(%s, %s, %d, token %d)", topic, group, queue, token))
+		check(t, off == wantOff, "TakeCursor(%s, %s, %d) = offset %d, want %d", topic, group, queue, off, wantOff)
+		if len(want) == 0 {
+			check(t, got == nil, "TakeCursor(%s, %s, %d) = set %v, want nil", topic, group, queue, got)
+			return
+		}
+		check(t, slices.Equal(got, want), "TakeCursor(%s, %s, %d) = set %v, want %v", topic, group, queue, got, want)
+	}
+	take("orders", "billing", 0, 1, -1, nil) // never committed: fenced from the take on
+	wantErr(t, hs.CommitFenced(w.ctx, "orders", "billing", 0, 4, 0), ferry.ErrFenced, "CommitFenced below the take's token")
+	commitSet("orders", "billing", 0, 10, []int64{12, 13, 20}, 5)
+	wantCursor(t, w, cs, "orders", "billing", 10)
+	take("orders", "billing", 0, 5, 10, []int64{12, 13, 20})
+	off, got, _ := hs.TakeCursor(w.ctx, "orders", "billing", 0, 5)
+	got[0] = 99 // the caller owns it
+	take("orders", "billing", 0, 5, off, []int64{12, 13, 20})
+
+	// The next owner's take fences the old owner's late commits out.
+	take("orders", "billing", 0, 7, 10, []int64{12, 13, 20})
+	wantErr(t, hs.CommitFenced(w.ctx, "orders", "billing", 0, 30, 5), ferry.ErrFenced, "the old owner's late commit")
+	wantErr(t, hs.CommitFinished(w.ctx, "orders", "billing", 0, 30, []int64{31}, 6), ferry.ErrFenced, "the old owner's late CommitFinished")
+	_, _, err := hs.TakeCursor(w.ctx, "orders", "billing", 0, 6)
+	wantErr(t, err, ferry.ErrFenced, "TakeCursor with a stale token")
+	wantCursor(t, w, cs, "orders", "billing", 10)
+	take("orders", "billing", 0, 7, 10, []int64{12, 13, 20})
+
+	// Bad sets write nothing.
+	for _, bad := range [][]int64{{10}, {9, 12}, {14, 12}, {12, 12}, make([]int64, ferry.MaxFinishedSet+1)} {
+		if len(bad) > ferry.MaxFinishedSet {
+			for i := range bad {
+				bad[i] = 11 + int64(i)
+			}
+		}
+		wantErr(t, hs.CommitFinished(w.ctx, "orders", "billing", 0, 10, bad, 7), ferry.ErrInvalidOption, fmt.Sprintf("CommitFinished with the set %v", bad[:min(len(bad), 3)]))
+	}
+	take("orders", "billing", 0, 7, 10, []int64{12, 13, 20})
+
+	// Sets are per topic, group and queue.
+	commitSet("orders", "billing", 1, 3, []int64{5}, 1)
+	commitSet("orders", "shipping", 0, 3, []int64{6}, 1)
+	commitSet("orders.eu", "billing", 0, 3, []int64{7}, 1)
+	take("orders", "billing", 0, 7, 10, []int64{12, 13, 20})
+	take("orders", "billing", 1, 1, 3, []int64{5})
+	take("orders", "shipping", 0, 1, 3, []int64{6})
+	take("orders.eu", "billing", 0, 1, 3, []int64{7})
+	take("orders", "billing", 2, 1, -1, nil)
+
+	// Any other commit empties the queue's set.
+	must(t, hs.CommitFenced(w.ctx, "orders", "billing", 1, 4, 1), "CommitFenced")
+	take("orders", "billing", 1, 1, 4, nil)
+	commit(t, w, cs, "orders", "shipping", 0, 4)
+	take("orders", "shipping", 0, 1, 4, nil)
+	commitSet("orders", "billing", 1, 5, nil, 1) // an empty set: a fenced commit
+	wantCursor(t, w, cs, "orders", "billing", 10, 5)
+
+	if cg, ok := cs.(ferry.CursorGroups); ok {
+		must(t, cg.Forget(w.ctx, "orders.eu", "billing"), "Forget")
+		take("orders.eu", "billing", 0, 1, -1, nil)
+	}
+
+	must(t, cs.Close(), "Close")
+	cs = s.openAt(t, w, dir)
+	if hs, ok = cs.(ferry.HandoffCursorStore); !ok {
+		t.Fatalf("ferrytest: %T, reopened, does not implement ferry.HandoffCursorStore", cs)
+	}
+	if !s.f.Persistent {
+		return
+	}
+	wantCursor(t, w, cs, "orders", "billing", 10, 5)
+	take("orders", "billing", 0, 8, 10, []int64{12, 13, 20})
+	take("orders", "billing", 1, 8, 5, nil)
 }

@@ -12,7 +12,8 @@ type commitCall struct {
 	queue        int
 	offset       int64
 	token        uint64 // 0 for a plain Commit
-	fenced       bool   // made through CommitFenced
+	fenced       bool   // made through CommitFenced (or CommitFinished)
+	finished     int    // the size of the finished set, through CommitFinished
 }
 
 // wrapCursors returns s with every commit made through around, which
@@ -27,6 +28,9 @@ type commitCall struct {
 // CommitFenced would fail them.
 func wrapCursors(s ferry.CursorStore, around func(c commitCall, commit func() error) error) ferry.CursorStore {
 	w := &wrappedCursors{CursorStore: s, around: around}
+	if hs, ok := s.(ferry.HandoffCursorStore); ok {
+		return &wrappedHandoffCursors{wrappedFencedCursors: &wrappedFencedCursors{wrappedCursors: w, f: hs}, hs: hs}
+	}
 	if f, ok := s.(ferry.FencedCursorStore); ok {
 		return &wrappedFencedCursors{wrappedCursors: w, f: f}
 	}
@@ -50,6 +54,25 @@ type wrappedFencedCursors struct {
 }
 
 var _ ferry.FencedCursorStore = (*wrappedFencedCursors)(nil)
+
+// wrappedHandoffCursors is the wrapper of a HandoffCursorStore: its
+// CommitFinished goes through around too.
+type wrappedHandoffCursors struct {
+	*wrappedFencedCursors
+	hs ferry.HandoffCursorStore
+}
+
+var _ ferry.HandoffCursorStore = (*wrappedHandoffCursors)(nil)
+
+func (w *wrappedHandoffCursors) CommitFinished(ctx context.Context, topic, group string, queue int, offset int64, finished []int64, token uint64) error {
+	return w.around(commitCall{topic: topic, group: group, queue: queue, offset: offset, token: token, fenced: true, finished: len(finished)}, func() error {
+		return w.hs.CommitFinished(ctx, topic, group, queue, offset, finished, token)
+	})
+}
+
+func (w *wrappedHandoffCursors) TakeCursor(ctx context.Context, topic, group string, queue int, token uint64) (int64, []int64, error) {
+	return w.hs.TakeCursor(ctx, topic, group, queue, token)
+}
 
 func (w *wrappedFencedCursors) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
 	return w.around(commitCall{topic: topic, group: group, queue: queue, offset: offset, token: token, fenced: true}, func() error {

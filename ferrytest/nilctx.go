@@ -81,6 +81,15 @@ func (s *cursorSuite) nilContext(t *testing.T, w *watchdog) {
 	if fc, ok := cs.(ferry.FencedCursorStore); ok {
 		wantNilContext(t, "CommitFenced", func(ctx context.Context) error { return fc.CommitFenced(ctx, "orders", "billing", 0, 7, 1) })
 	}
+	if hs, ok := cs.(ferry.HandoffCursorStore); ok {
+		wantNilContext(t, "CommitFinished", func(ctx context.Context) error {
+			return hs.CommitFinished(ctx, "orders", "billing", 0, 7, []int64{9}, 1)
+		})
+		wantNilContext(t, "TakeCursor", func(ctx context.Context) error {
+			_, _, err := hs.TakeCursor(ctx, "orders", "billing", 0, 1)
+			return err
+		})
+	}
 	if cg, ok := cs.(ferry.CursorGroups); ok {
 		wantNilContext(t, "Cursors", func(ctx context.Context) error { _, err := cg.Cursors(ctx, "orders", 1); return err })
 		wantNilContext(t, "Forget", func(ctx context.Context) error { return cg.Forget(ctx, "orders", "billing") })

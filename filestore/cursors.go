@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -21,6 +22,13 @@ import (
 //	identity.go), u32 entry count, then per entry
 //	u8 topic length, topic, u8 group length, group, u32 queue, u64 offset
 //
+// or, once a cursor has a finished set (see [ferry.HandoffCursorStore]),
+// "FCR3", whose entries end with the set: uvarint n, then n uvarint
+// gaps, each offset of the set minus the one before it (the first minus
+// the cursor's offset). A store writes version 2 while no cursor has a
+// set, so a file without sets stays readable by a build that knows only
+// version 2.
+//
 // A cursor file of another store fails the ID check. Version 1, without
 // the magic and the ID (the count follows the CRC), is read in a store
 // upgraded from it and rewritten as version 2 at Open.
@@ -31,6 +39,7 @@ import (
 const (
 	cursorFile      = "cursors"
 	cursorMagic     = "FCR2"
+	cursorMagicSets = "FCR3"
 	maxCursorFileSz = 256 << 20
 )
 
@@ -46,11 +55,12 @@ type cursorStore struct {
 
 	mu      sync.Mutex // guards every field below
 	m       map[cursorKey]int64
-	tokens  map[cursorKey]uint64 // the token of the last fenced commit (memory only)
-	gen     uint64               // bumped by every commit
-	written uint64               // the gen the file holds
-	flushed chan struct{}        // closed (and replaced) after each write
-	err     error                // set once a write failed; every later commit fails
+	sets    map[cursorKey][]int64 // the finished sets, of the cursors that have one
+	tokens  map[cursorKey]uint64  // the token of the last fenced commit (memory only)
+	gen     uint64                // bumped by every commit
+	written uint64                // the gen the file holds
+	flushed chan struct{}         // closed (and replaced) after each write
+	err     error                 // set once a write failed; every later commit fails
 	closed  bool
 
 	kick chan struct{}
@@ -60,7 +70,7 @@ type cursorStore struct {
 
 func openCursors(st *Store) (*cursorStore, error) {
 	c := &cursorStore{
-		st: st, m: map[cursorKey]int64{}, tokens: map[cursorKey]uint64{},
+		st: st, m: map[cursorKey]int64{}, sets: map[cursorKey][]int64{}, tokens: map[cursorKey]uint64{},
 		flushed: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
@@ -98,6 +108,7 @@ func openCursors(st *Store) (*cursorStore, error) {
 			continue
 		}
 		c.m[k] = to
+		delete(c.sets, k) // its offsets are out of the retained range, or below the cursor
 		c.gen++
 		st.recovery.ClampedCursors = append(st.recovery.ClampedCursors, ClampedCursor{Topic: k.topic, Group: k.group, Queue: k.queue, From: off, To: to})
 		st.cfg.log.Warn("ferry: filestore: cursor clamped to the retained range",
@@ -124,18 +135,20 @@ func mapKeys(m map[cursorKey]int64) func(func(cursorKey) bool) {
 // decode reads a cursor file's bytes into c.m, reporting whether they
 // were of version 1.
 func (c *cursorStore) decode(b []byte) (v1 bool, err error) {
-	return decodeCursorFile(b, c.st.id, c.st.legacy, c.m)
+	return decodeCursorFile(b, c.st.id, c.st.legacy, c.m, c.sets)
 }
 
 // decodeCursorFile reads a cursor file's bytes into m, for the store of
 // identity id (legacy: one upgraded from version 1), reporting whether
-// they were of version 1. [ReadOnlyStore] reads the file with it too.
-func decodeCursorFile(b []byte, id [16]byte, legacy bool, m map[cursorKey]int64) (v1 bool, err error) {
+// they were of version 1, and the finished sets into sets (unless nil).
+// [ReadOnlyStore] reads the file with it too.
+func decodeCursorFile(b []byte, id [16]byte, legacy bool, m map[cursorKey]int64, sets map[cursorKey][]int64) (v1 bool, err error) {
 	if len(b) < 8 || crc32.Checksum(b[4:], castagnoli) != binary.LittleEndian.Uint32(b) {
 		return false, fmt.Errorf("%w: cursor file checksum", ferry.ErrCorrupt)
 	}
+	withSets := len(b) >= 28 && string(b[4:8]) == cursorMagicSets
 	switch {
-	case len(b) >= 28 && string(b[4:8]) == cursorMagic:
+	case len(b) >= 28 && (string(b[4:8]) == cursorMagic || withSets):
 		if [16]byte(b[8:24]) != id {
 			return false, fmt.Errorf("%w: cursor file of another store", ferry.ErrCorrupt)
 		}
@@ -170,7 +183,19 @@ func decodeCursorFile(b []byte, id [16]byte, legacy bool, m map[cursorKey]int64)
 		if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil || off < 0 {
 			return v1, fmt.Errorf("%w: cursor file: entry %d (%q, %q, %d, %d)", ferry.ErrCorrupt, i, topic, group, queue, off)
 		}
-		m[cursorKey{topic, group, queue}] = off
+		k := cursorKey{topic, group, queue}
+		m[k] = off
+		if !withSets {
+			continue
+		}
+		set, rest, err := decodeFinishedSet(b, off)
+		if err != nil {
+			return v1, fmt.Errorf("%w: cursor file: entry %d (%q, %q, %d): %v", ferry.ErrCorrupt, i, topic, group, queue, err)
+		}
+		b = rest
+		if len(set) > 0 && sets != nil {
+			sets[k] = set
+		}
 	}
 	if len(b) != 0 {
 		return v1, fmt.Errorf("%w: cursor file: %d bytes after the last entry", ferry.ErrCorrupt, len(b))
@@ -178,10 +203,38 @@ func decodeCursorFile(b []byte, id [16]byte, legacy bool, m map[cursorKey]int64)
 	return v1, nil
 }
 
+// decodeFinishedSet reads the finished set of a cursor at off from the
+// front of b, returning the rest.
+func decodeFinishedSet(b []byte, off int64) (set []int64, rest []byte, err error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > ferry.MaxFinishedSet || n > uint64(len(b)-k) {
+		return nil, nil, errors.New("bad finished set length")
+	}
+	b = b[k:]
+	if n > 0 {
+		set = make([]int64, n)
+	}
+	last := off
+	for i := range set {
+		gap, k := binary.Uvarint(b)
+		if k <= 0 || gap == 0 || gap > math.MaxInt64-uint64(last) {
+			return nil, nil, fmt.Errorf("bad gap at %d of the finished set", i)
+		}
+		b = b[k:]
+		last += int64(gap)
+		set[i] = last
+	}
+	return set, b, nil
+}
+
 func (c *cursorStore) encode() []byte {
 	keys := slices.SortedFunc(mapKeys(c.m), compareKeys)
 	b := make([]byte, 4, 28+len(keys)*40)
-	b = append(b, cursorMagic...)
+	if len(c.sets) > 0 {
+		b = append(b, cursorMagicSets...)
+	} else {
+		b = append(b, cursorMagic...)
+	}
 	b = append(b, c.st.id[:]...)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(keys)))
 	for _, k := range keys {
@@ -191,6 +244,15 @@ func (c *cursorStore) encode() []byte {
 		b = append(b, k.group...)
 		b = binary.LittleEndian.AppendUint32(b, uint32(k.queue))
 		b = binary.LittleEndian.AppendUint64(b, uint64(c.m[k]))
+		if len(c.sets) > 0 {
+			set := c.sets[k]
+			b = binary.AppendUvarint(b, uint64(len(set)))
+			last := c.m[k]
+			for _, o := range set {
+				b = binary.AppendUvarint(b, uint64(o-last))
+				last = o
+			}
+		}
 	}
 	binary.LittleEndian.PutUint32(b, crc32.Checksum(b[4:], castagnoli))
 	return b
@@ -277,12 +339,17 @@ func (c *cursorStore) load(ctx context.Context, topic, group string, queues int)
 	return out, nil
 }
 
-func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
+// commit commits offset, with finished as its finished set (see
+// [ferry.HandoffCursorStore]; nil empties it).
+func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool, finished []int64) error {
 	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
 	if offset < 0 {
 		return &ferry.Error{Op: "filestore: commit cursor", Err: fmt.Errorf("%w: offset %d", ferry.ErrOffsetOutOfRange, offset)}
+	}
+	if err := ferry.ValidateFinishedSet(offset, finished); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
 		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
@@ -306,6 +373,11 @@ func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int
 		c.tokens[k] = token
 	}
 	c.m[k] = offset
+	if len(finished) > 0 {
+		c.sets[k] = slices.Clone(finished)
+	} else {
+		delete(c.sets, k)
+	}
 	c.gen++
 	mine, flushed := c.gen, c.flushed
 	c.mu.Unlock()
@@ -364,7 +436,7 @@ func (st *Store) Commit(ctx context.Context, topic, group string, queue int, off
 	if err := checkContext(ctx); err != nil {
 		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
-	return st.cursors.commit(ctx, topic, group, queue, offset, 0, false)
+	return st.cursors.commit(ctx, topic, group, queue, offset, 0, false, nil)
 }
 
 // CommitFenced implements [ferry.FencedCursorStore] as Commit does. The
@@ -376,7 +448,46 @@ func (st *Store) CommitFenced(ctx context.Context, topic, group string, queue in
 	if err := checkContext(ctx); err != nil {
 		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
-	return st.cursors.commit(ctx, topic, group, queue, offset, token, true)
+	return st.cursors.commit(ctx, topic, group, queue, offset, token, true, nil)
+}
+
+// CommitFinished implements [ferry.HandoffCursorStore] as CommitFenced
+// does: the set is written with the cursor, in the same file.
+func (st *Store) CommitFinished(ctx context.Context, topic, group string, queue int, offset int64, finished []int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
+	}
+	return st.cursors.commit(ctx, topic, group, queue, offset, token, true, finished)
+}
+
+// TakeCursor implements [ferry.HandoffCursorStore]. Its token lives in
+// memory, as CommitFenced's.
+func (st *Store) TakeCursor(ctx context.Context, topic, group string, queue int, token uint64) (int64, []int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, nil, &ferry.Error{Op: "filestore: take cursor", Err: err}
+	}
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
+		return 0, nil, &ferry.Error{Op: "filestore: take cursor", Err: err}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, &ferry.Error{Op: "filestore: take cursor", Err: err}
+	}
+	c := st.cursors
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, nil, &ferry.Error{Op: "filestore: take cursor", Err: ferry.ErrClosed}
+	}
+	k := cursorKey{topic, group, queue}
+	if last := c.tokens[k]; token < last {
+		return 0, nil, &ferry.Error{Op: fmt.Sprintf("filestore: take cursor %s/%s[%d]", topic, group, queue), Err: fmt.Errorf("%w: token %d, last %d", ferry.ErrFenced, token, last)}
+	}
+	c.tokens[k] = token
+	off, ok := c.m[k]
+	if !ok {
+		off = -1
+	}
+	return off, slices.Clone(c.sets[k]), nil
 }
 
 // cursors lists every group's cursor on topic.
@@ -434,6 +545,7 @@ func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
 	for k := range c.m {
 		if k.topic == topic && k.group == group {
 			delete(c.m, k)
+			delete(c.sets, k)
 			delete(c.tokens, k)
 		}
 	}
@@ -484,7 +596,8 @@ func (st *Store) Forget(ctx context.Context, topic, group string) error {
 }
 
 var (
-	_ ferry.CursorStore       = (*Store)(nil)
-	_ ferry.CursorGroups      = (*Store)(nil)
-	_ ferry.FencedCursorStore = (*Store)(nil)
+	_ ferry.CursorStore        = (*Store)(nil)
+	_ ferry.CursorGroups       = (*Store)(nil)
+	_ ferry.FencedCursorStore  = (*Store)(nil)
+	_ ferry.HandoffCursorStore = (*Store)(nil)
 )

@@ -251,3 +251,39 @@ func appendFrameV1(base int64, n int) []byte {
 	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(b[framePrefix:], castagnoli))
 	return b
 }
+
+// A cursor file with finished sets (version 3) round-trips, refuses
+// every flipped byte and every cut, and refuses a set that is not above
+// its cursor even under a good checksum; one without sets is written as
+// version 2.
+func TestCursorFileFinishedSets(t *testing.T) {
+	st := &Store{id: [16]byte{1, 2, 3}}
+	plain := &cursorStore{st: st, m: map[cursorKey]int64{{"t", "g", 0}: 5}, sets: map[cursorKey][]int64{}}
+	assert.Equal(t, cursorMagic, string(plain.encode()[4:8]), "no set: version 2")
+
+	c := &cursorStore{st: st,
+		m:    map[cursorKey]int64{{"t", "g", 0}: 5, {"t", "g", 1}: 1 << 40, {"u", "h", 0}: 7},
+		sets: map[cursorKey][]int64{{"t", "g", 0}: {6, 9, 300}, {"t", "g", 1}: {1<<40 + 1}}}
+	cb := c.encode()
+	assert.Equal(t, cursorMagicSets, string(cb[4:8]))
+	back := &cursorStore{st: st, m: map[cursorKey]int64{}, sets: map[cursorKey][]int64{}}
+	_, err := back.decode(cb)
+	require.NoError(t, err)
+	assert.Equal(t, c.m, back.m)
+	assert.Equal(t, c.sets, back.sets)
+	for i := range cb {
+		d := bytes.Clone(cb)
+		d[i] ^= 0x01
+		_, err := (&cursorStore{st: st, m: map[cursorKey]int64{}, sets: map[cursorKey][]int64{}}).decode(d)
+		assert.ErrorIs(t, err, ferry.ErrCorrupt, "byte %d", i)
+	}
+	for n := range len(cb) {
+		_, err := (&cursorStore{st: st, m: map[cursorKey]int64{}, sets: map[cursorKey][]int64{}}).decode(cb[:n])
+		assert.ErrorIs(t, err, ferry.ErrCorrupt, "cut at %d", n)
+	}
+	// A gap of zero (an offset equal to the one before) under a good
+	// checksum.
+	bad := &cursorStore{st: st, m: map[cursorKey]int64{{"t", "g", 0}: 5}, sets: map[cursorKey][]int64{{"t", "g", 0}: {5}}}
+	_, err = (&cursorStore{st: st, m: map[cursorKey]int64{}, sets: map[cursorKey][]int64{}}).decode(bad.encode())
+	assert.ErrorIs(t, err, ferry.ErrCorrupt, "a set not above its cursor")
+}

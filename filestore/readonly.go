@@ -320,7 +320,7 @@ func (st *ReadOnlyStore) readCursors() (map[cursorKey]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := decodeCursorFile(b, st.id, st.legacy, m); err != nil {
+	if _, err := decodeCursorFile(b, st.id, st.legacy, m, nil); err != nil {
 		return nil, fmt.Errorf("%w (file %s)", err, cursorFile)
 	}
 	return m, nil

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -14,26 +15,68 @@ import (
 
 // Cursors live in the bucket "<prefix>_cursors", one key per (topic,
 // group, queue): "<encoded topic>.<encoded group>.<queue>", whose value
-// holds the offset and the fencing token of the last fenced commit. Every
-// commit is a compare-and-set on the key's revision.
+// holds the offset, the fencing token of the last fenced commit and the
+// finished set (see [ferry.HandoffCursorStore]). Every commit is a
+// compare-and-set on the key's revision, so a set is written with its
+// cursor or not at all.
 
 func cursorKey(topic, group string, q int) string {
 	return encodeToken(topic) + "." + encodeToken(group) + "." + strconv.Itoa(q)
 }
 
-// cursorValue is 16 bytes: offset, token (big endian).
-func encodeCursor(offset int64, token uint64) []byte {
-	b := make([]byte, 16)
+// A cursor's value is 16 bytes, offset and token (big endian), then,
+// when it has a finished set, the set: uvarint n, then n uvarint gaps,
+// each offset minus the one before it (the first minus the cursor's).
+func encodeCursor(offset int64, token uint64, finished []int64) []byte {
+	b := make([]byte, 16, 16+binary.MaxVarintLen64*(1+len(finished)))
 	binary.BigEndian.PutUint64(b, uint64(offset))
 	binary.BigEndian.PutUint64(b[8:], token)
+	if len(finished) > 0 {
+		b = binary.AppendUvarint(b, uint64(len(finished)))
+		last := offset
+		for _, o := range finished {
+			b = binary.AppendUvarint(b, uint64(o-last))
+			last = o
+		}
+	}
 	return b
 }
 
 func decodeCursor(b []byte) (offset int64, token uint64, err error) {
-	if len(b) != 16 {
-		return 0, 0, fmt.Errorf("%w: cursor value of %d bytes", ferry.ErrCorrupt, len(b))
+	offset, token, _, err = decodeCursorSet(b)
+	return offset, token, err
+}
+
+// decodeCursorSet is decodeCursor with the finished set (nil if none).
+func decodeCursorSet(b []byte) (offset int64, token uint64, finished []int64, err error) {
+	if len(b) < 16 {
+		return 0, 0, nil, fmt.Errorf("%w: cursor value of %d bytes", ferry.ErrCorrupt, len(b))
 	}
-	return int64(binary.BigEndian.Uint64(b)), binary.BigEndian.Uint64(b[8:]), nil
+	offset, token = int64(binary.BigEndian.Uint64(b)), binary.BigEndian.Uint64(b[8:])
+	rest := b[16:]
+	if len(rest) == 0 {
+		return offset, token, nil, nil
+	}
+	n, k := binary.Uvarint(rest)
+	if k <= 0 || n == 0 || n > ferry.MaxFinishedSet || n > uint64(len(rest)-k) {
+		return 0, 0, nil, fmt.Errorf("%w: cursor value: bad finished set length", ferry.ErrCorrupt)
+	}
+	rest = rest[k:]
+	finished = make([]int64, n)
+	last := offset
+	for i := range finished {
+		gap, k := binary.Uvarint(rest)
+		if k <= 0 || gap == 0 || gap > math.MaxInt64-uint64(last) {
+			return 0, 0, nil, fmt.Errorf("%w: cursor value: bad gap at %d of the finished set", ferry.ErrCorrupt, i)
+		}
+		rest = rest[k:]
+		last += int64(gap)
+		finished[i] = last
+	}
+	if len(rest) != 0 {
+		return 0, 0, nil, fmt.Errorf("%w: cursor value: %d bytes after the finished set", ferry.ErrCorrupt, len(rest))
+	}
+	return offset, token, finished, nil
 }
 
 // parseCursorKey splits a key into group and queue.
@@ -88,7 +131,7 @@ func (s *Store) Commit(ctx context.Context, topic, group string, queue int, offs
 	if err := checkContext(ctx); err != nil {
 		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
 	}
-	return s.commit(ctx, topic, group, queue, offset, 0, false)
+	return s.commit(ctx, topic, group, queue, offset, 0, false, nil)
 }
 
 // CommitFenced implements [ferry.FencedCursorStore]: a compare-and-set
@@ -98,15 +141,83 @@ func (s *Store) CommitFenced(ctx context.Context, topic, group string, queue int
 	if err := checkContext(ctx); err != nil {
 		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
 	}
-	return s.commit(ctx, topic, group, queue, offset, token, true)
+	return s.commit(ctx, topic, group, queue, offset, token, true, nil)
 }
 
-func (s *Store) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
+// CommitFinished implements [ferry.HandoffCursorStore] as CommitFenced
+// does, the set in the cursor's value.
+func (s *Store) CommitFinished(ctx context.Context, topic, group string, queue int, offset int64, finished []int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
+	}
+	return s.commit(ctx, topic, group, queue, offset, token, true, finished)
+}
+
+// TakeCursor implements [ferry.HandoffCursorStore]: a compare-and-set
+// of the key's token, which makes the key (offset -1) for a queue never
+// committed, so that its fencing starts with the take.
+func (s *Store) TakeCursor(ctx context.Context, topic, group string, queue int, token uint64) (int64, []int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, nil, &ferry.Error{Op: "natsstore: take cursor", Err: err}
+	}
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
+		return 0, nil, &ferry.Error{Op: "natsstore: take cursor", Err: err}
+	}
+	if s.isClosed() {
+		return 0, nil, &ferry.Error{Op: "natsstore: take cursor", Err: ferry.ErrClosed}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, &ferry.Error{Op: "natsstore: take cursor", Err: err}
+	}
+	ctx, cancel := s.cfg.bound(ctx)
+	defer cancel()
+	key := cursorKey(topic, group, queue)
+	op := fmt.Sprintf("natsstore: take cursor %s/%s[%d]", topic, group, queue)
+	for {
+		e, err := s.cursors.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			_, err = s.cursors.Create(ctx, key, encodeCursor(-1, token, nil))
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue // raced a commit: read again
+			}
+			if err != nil {
+				return 0, nil, &ferry.Error{Op: op, Err: err}
+			}
+			return -1, nil, nil
+		}
+		if err != nil {
+			return 0, nil, &ferry.Error{Op: op, Err: err}
+		}
+		off, last, set, err := decodeCursorSet(e.Value())
+		if err != nil {
+			return 0, nil, &ferry.Error{Op: op, Err: err}
+		}
+		if token < last {
+			return 0, nil, &ferry.Error{Op: op, Err: fmt.Errorf("%w: token %d, last %d", ferry.ErrFenced, token, last)}
+		}
+		if token == last {
+			return off, set, nil
+		}
+		_, err = s.cursors.Update(ctx, key, encodeCursor(off, token, set), e.Revision())
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+			continue
+		}
+		if err != nil {
+			return 0, nil, &ferry.Error{Op: op, Err: err}
+		}
+		return off, set, nil
+	}
+}
+
+func (s *Store) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool, finished []int64) error {
 	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
 	}
 	if offset < 0 {
 		return &ferry.Error{Op: "natsstore: commit cursor", Err: fmt.Errorf("%w: offset %d", ferry.ErrOffsetOutOfRange, offset)}
+	}
+	if err := ferry.ValidateFinishedSet(offset, finished); err != nil {
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
 	}
 	if s.isClosed() {
 		return &ferry.Error{Op: "natsstore: commit cursor", Err: ferry.ErrClosed}
@@ -124,7 +235,7 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 			if fenced {
 				tok = token
 			}
-			_, err = s.cursors.Create(ctx, key, encodeCursor(offset, tok))
+			_, err = s.cursors.Create(ctx, key, encodeCursor(offset, tok, finished))
 			if errors.Is(err, jetstream.ErrKeyExists) {
 				continue // raced another commit: read again
 			}
@@ -147,7 +258,7 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 			}
 			tok = token
 		}
-		_, err = s.cursors.Update(ctx, key, encodeCursor(offset, tok), e.Revision())
+		_, err = s.cursors.Update(ctx, key, encodeCursor(offset, tok, finished), e.Revision())
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 			continue
 		}

@@ -35,11 +35,12 @@ type Store struct {
 }
 
 var (
-	_ ferry.Storage           = (*Store)(nil)
-	_ ferry.SharedStorage     = (*Store)(nil)
-	_ ferry.CursorStore       = (*Store)(nil)
-	_ ferry.CursorGroups      = (*Store)(nil)
-	_ ferry.FencedCursorStore = (*Store)(nil)
+	_ ferry.Storage            = (*Store)(nil)
+	_ ferry.SharedStorage      = (*Store)(nil)
+	_ ferry.CursorStore        = (*Store)(nil)
+	_ ferry.CursorGroups       = (*Store)(nil)
+	_ ferry.FencedCursorStore  = (*Store)(nil)
+	_ ferry.HandoffCursorStore = (*Store)(nil)
 )
 
 // Open returns a Store over js, creating its buckets if they are absent
