@@ -119,7 +119,12 @@
 // stops the queue at once, cancels its handlers and commits nothing
 // more; an expired session joins again. Commits carry the token where
 // the cursor store is a [FencedCursorStore], which refuses a stale one
-// with [ErrFenced] (treated as Lost). Brokers sharing a Storage, a
+// with [ErrFenced] (treated as Lost); a lease with a deadline
+// ([DeadlineLease]) is treated as lost once the deadline passes by the
+// member's clock. After a revoke no handling starts: the unstarted rest
+// of a taken batch goes back unfinished, and over a [HandoffCursorStore]
+// the messages finished above it travel with the last commit (its
+// finished set), which the next owner skips. Brokers sharing a Storage, a
 // CursorStore and a Coordinator behave as one: members in any of them
 // split a group's queues, topics created through one are found by the
 // others ([SharedStorage]), and [Block] release counts every group with
@@ -138,7 +143,8 @@
 //   - the optional interfaces the broker finds by type assertion:
 //     [TryWriter], [AsyncWriter] and [Releaser] on a queue, [SharedStorage] and
 //     [TopicDeleter] on a storage, [CursorGroups] (with [Cursor] and
-//     [Cursors]) and [FencedCursorStore] on a cursor store;
+//     [Cursors]), [FencedCursorStore] and [HandoffCursorStore] (with
+//     [MaxFinishedSet] and [ValidateFinishedSet]) on a cursor store;
 //   - the checks every implementation shares: [ValidateTopicName],
 //     [ValidateGroupCursorArgs] and [ValidateTopicCursorsArgs], and
 //     [NewMessageID] for messages a store makes itself;
