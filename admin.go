@@ -381,6 +381,9 @@ func (b *Broker) DeleteTopic(ctx context.Context, name string, opts ...DeleteTop
 			o(&cfg)
 		}
 	}
+	if IsSystemTopic(name) {
+		return &Error{Op: fmt.Sprintf("delete topic %q", name), Err: reserved(name)}
+	}
 	if err := b.deleteTopic(ctx, name, cfg.force); err != nil {
 		return &Error{Op: fmt.Sprintf("delete topic %q", name), Err: err}
 	}
@@ -453,6 +456,9 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 // unknown topic is [ErrTopicNotFound]. Brokers sharing the storage see
 // the new count when they open the topic again.
 func (b *Broker) AddQueues(ctx context.Context, topic string, queues int) error {
+	if IsSystemTopic(topic) {
+		return &Error{Op: fmt.Sprintf("add queues to %q", topic), Err: reserved(topic)}
+	}
 	if err := b.addQueues(ctx, topic, queues); err != nil {
 		return &Error{Op: fmt.Sprintf("add queues to %q", topic), Err: err}
 	}

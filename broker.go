@@ -148,11 +148,20 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 // CreateTopic creates a topic and opens its queues. It is idempotent for
 // equal metadata (after defaults are applied, see [TopicMeta.Normalized]);
 // different metadata for an existing name is [ErrTopicExists]; invalid
-// metadata is [ErrInvalidTopic].
+// metadata, or a system topic's name (see [IsSystemTopic]), is
+// [ErrInvalidTopic].
 func (b *Broker) CreateTopic(ctx context.Context, meta TopicMeta) error {
 	if err := checkContext(ctx); err != nil {
 		return &Error{Op: "create topic", Err: err}
 	}
+	if IsSystemTopic(meta.Name) {
+		return &Error{Op: "create topic", Err: reserved(meta.Name)}
+	}
+	return b.createTopic(ctx, meta)
+}
+
+// createTopic is CreateTopic, for a system topic too.
+func (b *Broker) createTopic(ctx context.Context, meta TopicMeta) error {
 	if err := meta.Validate(); err != nil {
 		return &Error{Op: "create topic", Err: err}
 	}
@@ -355,9 +364,11 @@ func (b *Broker) ForgetGroup(ctx context.Context, group, topic string) error {
 		return &Error{Op: "forget group", Err: err}
 	}
 	if _, ok := b.storage.(TopicDeleter); ok {
-		if _, err := b.topic(RetryTopic(group, topic)); err == nil {
-			if err := b.DeleteTopic(ctx, RetryTopic(group, topic)); err != nil {
-				return &Error{Op: "forget group: retry topic", Err: err}
+		if name, err := RetryTopic(group, topic); err == nil {
+			if _, err := b.topic(name); err == nil {
+				if err := b.deleteTopic(ctx, name, false); err != nil {
+					return &Error{Op: fmt.Sprintf("forget group: retry topic %q", name), Err: err}
+				}
 			}
 		}
 	}

@@ -69,9 +69,10 @@ func (c *Consumer) deliverer() *deliverer { return c.d.Load() }
 // too long group, a group or member ID containing '@' (reserved for
 // broadcast cursors), an invalid topic name, a nil handler or an option
 // value out of range is [ErrInvalidOption] (or [ErrInvalidTopic]), and so
-// is a group that makes the default dead-letter topic name "%DLQ%<group>"
-// invalid (see [ValidateTopicName]) without [WithDeadLetter]; after the
-// broker's Close it is [ErrClosed].
+// is a group too long for its default dead-letter topic (see
+// [DeadLetterTopic]) without [WithDeadLetter], or, when it retries off
+// the queue, for its retry topic (see [RetryTopic]); after the broker's
+// Close it is [ErrClosed].
 func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOption) (*Consumer, error) {
 	cfg, err := newConsumerConfig(group, topic, func(c *consumerConfig) {
 		for _, o := range opts {
@@ -86,13 +87,23 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 	if h == nil {
 		return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: nil handler", ErrInvalidOption)}
 	}
+	if cfg.deadLetter == "" {
+		if cfg.deadLetter, err = DeadLetterTopic(group); err != nil {
+			return nil, &Error{Op: "new consumer: dead-letter topic (set WithDeadLetter)", Err: err}
+		}
+	}
 	if err := ValidateTopicName(cfg.deadLetter); err != nil {
 		return nil, &Error{Op: "new consumer: dead-letter topic (set WithDeadLetter)", Err: fmt.Errorf("%w: %w", ErrInvalidOption, err)}
 	}
 	if b.closed.Load() {
 		return nil, &Error{Op: "new consumer", Err: ErrClosed}
 	}
-	cfg.retryTopic = RetryTopic(group, topic)
+	if cfg.maxAttempts > 1 && !cfg.ordered && !cfg.broadcast {
+		// Retries go off the queue (see offQueue), to the retry topic.
+		if cfg.retryTopic, err = RetryTopic(group, topic); err != nil {
+			return nil, &Error{Op: "new consumer", Err: err}
+		}
+	}
 	c := &Consumer{m: newGroupMember(b, group, topic, cfg), h: h}
 	c.m.onChanged = func() { _ = c.ensureRetry(c.m.life, false) }
 	c.m.closeOwner = c.Close
@@ -144,15 +155,31 @@ func (c *Consumer) Start(ctx context.Context) error {
 // not exist, so that a reader of dead letters started with the consumer
 // finds it.
 func (c *Consumer) createDeadLetter(ctx context.Context) error {
-	b := c.m.b
-	if _, ok := b.Topic(c.m.cfg.deadLetter); ok {
-		return nil
-	}
-	err := b.CreateTopic(ctx, TopicMeta{Name: c.m.cfg.deadLetter, Queues: 1})
-	if errors.Is(err, ErrTopicExists) || errors.Is(err, ErrClosed) {
-		return nil // exists with other metadata: used as it is; closed: start says so
+	err := c.m.createDeadLetter(ctx)
+	if errors.Is(err, ErrClosed) {
+		return nil // start says so
 	}
 	return err
+}
+
+// createDeadLetter creates the member's dead-letter topic (one queue) if
+// it does not exist: a system topic for the default name, a user topic
+// for one named with WithDeadLetter. One that exists with other metadata
+// is used as it is.
+func (m *groupMember) createDeadLetter(ctx context.Context) error {
+	b := m.b
+	name := m.cfg.deadLetter
+	if _, ok := b.Topic(name); ok {
+		return nil
+	}
+	if IsSystemTopic(name) {
+		return b.createSystemTopic(ctx, TopicMeta{Name: name, Queues: 1})
+	}
+	err := b.CreateTopic(ctx, TopicMeta{Name: name, Queues: 1})
+	if err != nil && !errors.Is(err, ErrTopicExists) {
+		return err
+	}
+	return nil
 }
 
 // Close stops fetching, leaves the group, lets in-flight handlers finish

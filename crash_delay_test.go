@@ -354,7 +354,7 @@ func delayCrashRound(t *testing.T, round, lines int) crashStats {
 			group := crashGroup
 			if ferry.IsDelayTopic(tm.Name) {
 				group = "ferry-delay"
-			} else if tm.Name != crashTopic && tm.Name != ferry.RetryTopic(crashGroup, crashTopic) {
+			} else if tm.Name != crashTopic && tm.Name != retryTopic(t, crashGroup, crashTopic) {
 				continue
 			}
 			lag, err := b.Lag(ctx, group, tm.Name)

@@ -3,7 +3,9 @@ package ferry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
+	"math"
 	"math/bits"
 	"os"
 	"slices"
@@ -58,13 +60,6 @@ const (
 	headerDelayHop   = "ferry-delay-hop"
 )
 
-// delayRetention keeps a level's messages until they moved: Block with no
-// bound (and no age: a store may expire by age whatever was released), so
-// that nothing waiting is ever dropped, and the mover releases what it
-// committed (a memory queue drops it at once, a file queue its sealed
-// segments wholly released).
-var delayRetention = Retention{MaxMessages: Unlimited, MaxBytes: Unlimited, Overflow: Block}
-
 // IsDelayTopic reports whether name is one of the internal topics where
 // delayed messages wait.
 func IsDelayTopic(name string) bool { return strings.HasPrefix(name, delayTopicPrefix) }
@@ -111,6 +106,18 @@ type delayer struct {
 	levels  [delayLevels]*level
 	due     actionHeap
 	seq     uint64
+	// parked holds, per target queue, the due actions that wait for it
+	// (a full Block queue, a failing write), in order: a target that
+	// cannot take a message waits alone, and its later actions wait
+	// behind it so that their order holds.
+	parked map[QueueID]*parkedTarget
+}
+
+// parkedTarget is a target queue's actions waiting for it to take the
+// first one, tried again at retry (on the system clock).
+type parkedTarget struct {
+	acts  []*delayAction
+	retry time.Time
 }
 
 // level is a delay level and its mover's state.
@@ -162,9 +169,25 @@ func newDelayer(b *Broker, clock Clock) *delayer {
 	return d
 }
 
+// MaxDeliverAt is the latest due time a delayed message can have (see
+// [Message.DeliverAt]): due times are stored as Unix nanoseconds, which
+// end in April 2262. A later one is [ErrInvalidMessage], never moved.
+var MaxDeliverAt = time.Unix(0, math.MaxInt64)
+
+// checkDueTime refuses a due time later than MaxDeliverAt.
+func checkDueTime(at time.Time) error {
+	if at.After(MaxDeliverAt) {
+		return fmt.Errorf("%w: due time %s is after %s, the latest a due time can be", ErrInvalidMessage, at.UTC().Format(time.RFC3339), MaxDeliverAt.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
 // place writes em, stamped and routed to target, to the delay level for
 // a delivery at at. wait false: a full level queue is ErrQueueFull.
 func (d *delayer) place(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
+	if err := checkDueTime(at); err != nil {
+		return SendResult{}, err
+	}
 	n, _ := delayLevel(at.Sub(d.clock.Now()))
 	for {
 		lv, err := d.level(ctx, n)
@@ -208,6 +231,11 @@ type delayed struct {
 func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 	now := d.clock.Now()
 	var byLevel [delayLevels][]int
+	for _, m := range ms {
+		if err := checkDueTime(m.at); err != nil {
+			return err
+		}
+	}
 	for i, m := range ms {
 		n, _ := delayLevel(m.at.Sub(now))
 		byLevel[n] = append(byLevel[n], i)
@@ -295,8 +323,7 @@ func (d *delayer) level(ctx context.Context, n int) (*level, error) {
 	}
 	name := delayTopic(n)
 	if _, err := d.b.topic(name); errors.Is(err, ErrTopicNotFound) {
-		err = d.b.CreateTopic(ctx, TopicMeta{Name: name, Queues: 1, Retention: delayRetention})
-		if err != nil && !errors.Is(err, ErrTopicExists) {
+		if err := d.b.createSystemTopic(ctx, TopicMeta{Name: name, Queues: 1}); err != nil {
 			return nil, err
 		}
 	}
@@ -344,5 +371,6 @@ func (d *delayer) close() {
 	d.mu.Lock()
 	clear(d.due)
 	d.due = nil
+	clear(d.parked)
 	d.mu.Unlock()
 }

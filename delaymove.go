@@ -275,6 +275,12 @@ func (d *delayer) limit(now time.Time) time.Time {
 func (d *delayer) dispatch() {
 	defer d.wg.Done()
 	var due []*delayAction
+	var retry *time.Timer // the earliest parked target's retry, on the system clock
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
 	for {
 		d.mu.Lock()
 		now := d.clock.Now()
@@ -291,6 +297,10 @@ func (d *delayer) dispatch() {
 					heap.Push(&d.due, a)
 					continue
 				}
+				if p := d.parked[a.target]; p != nil {
+					p.acts = append(p.acts, a) // behind its target's first
+					continue
+				}
 				due = append(due, a)
 			}
 			held = len(d.due) > 0 && !d.due[0].at.After(now)
@@ -299,7 +309,17 @@ func (d *delayer) dispatch() {
 		if len(due) == 0 && !held && len(d.due) > 0 {
 			wait = d.due[0].at.Sub(now)
 		}
+		parked := len(d.parked) > 0
 		d.mu.Unlock()
+		if parked {
+			if next, ok := d.retryParked(now); ok {
+				if retry == nil {
+					retry = time.AfterFunc(time.Until(next), d.signal)
+				} else {
+					retry.Reset(time.Until(next))
+				}
+			}
+		}
 		if len(due) > 0 {
 			d.actAll(due, now)
 			clear(due)
@@ -326,37 +346,89 @@ func (d *delayer) dispatch() {
 }
 
 // actAll carries out due, in order. One that fails (a full or failing
-// target) goes back to the heap with those after it, and the dispatcher
-// pauses, so that the order holds.
+// target) parks its target with it: the actions for that target after it
+// wait behind it, so that their order holds, and the others go on.
 func (d *delayer) actAll(due []*delayAction, now time.Time) {
-	for i, a := range due {
+	for _, a := range due {
 		d.mu.Lock()
 		stale := a.epoch != a.lv.epoch
+		p := d.parked[a.target]
+		if p != nil {
+			p.acts = append(p.acts, a)
+		}
 		d.mu.Unlock()
-		if stale {
-			continue // the level changed hands: its next owner moves it
+		if stale || p != nil {
+			continue // stale: the level changed hands, its next owner moves it
 		}
 		if d.act(a, now) {
 			d.finish(a)
 			continue
 		}
 		d.mu.Lock()
-		for _, b := range due[i:] {
-			heap.Push(&d.due, b)
+		if d.parked == nil {
+			d.parked = map[QueueID]*parkedTarget{}
 		}
+		d.parked[a.target] = &parkedTarget{acts: []*delayAction{a}, retry: time.Now().Add(retryAct)}
 		d.mu.Unlock()
-		t := time.NewTimer(retryAct)
-		select {
-		case <-t.C:
-		case <-d.ctx.Done():
-			t.Stop()
-		}
-		return
 	}
 }
 
-// retryAct is how long (on the system clock) the dispatcher waits after
-// an action that could not be carried out, before the next try.
+// retryParked tries again the parked targets whose retry time came, each
+// from its first action on, until one fails again (it stays parked, with
+// the rest); it returns the earliest retry time still to come.
+func (d *delayer) retryParked(now time.Time) (next time.Time, ok bool) {
+	d.mu.Lock()
+	var ready []QueueID
+	for q, p := range d.parked {
+		if !time.Now().Before(p.retry) {
+			ready = append(ready, q)
+		}
+	}
+	d.mu.Unlock()
+	for _, q := range ready {
+		d.mu.Lock()
+		p := d.parked[q]
+		d.mu.Unlock()
+		for {
+			d.mu.Lock()
+			if len(p.acts) == 0 {
+				delete(d.parked, q)
+				d.mu.Unlock()
+				break
+			}
+			a := p.acts[0]
+			stale := a.epoch != a.lv.epoch
+			d.mu.Unlock()
+			if !stale && !d.act(a, now) {
+				d.mu.Lock()
+				p.retry = time.Now().Add(retryAct)
+				d.mu.Unlock()
+				break
+			}
+			d.mu.Lock()
+			p.acts[0] = nil
+			p.acts = p.acts[1:]
+			d.mu.Unlock()
+			if !stale {
+				d.finish(a)
+			}
+			if d.ctx.Err() != nil {
+				return time.Time{}, false
+			}
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, p := range d.parked {
+		if !ok || p.retry.Before(next) {
+			next, ok = p.retry, true
+		}
+	}
+	return next, ok
+}
+
+// retryAct is how long (on the system clock) a target that could not take
+// an action waits before the next try.
 const retryAct = 10 * time.Millisecond
 
 // act delivers a when it is due by now (the time its turn was decided

@@ -71,7 +71,7 @@
 // been dead-lettered): a released queue stops handing out messages at
 // once. A failing message is retried with backoff ([WithRetry],
 // [RetryAfter]), then goes with headers naming its origin to the
-// dead-letter topic ([WithDeadLetter], "%DLQ%<group>" by default). In
+// dead-letter topic ([WithDeadLetter], [DeadLetterTopic] by default). In
 // concurrent mode the retry does not hold the queue: the message is
 // written to the group's retry topic ([RetryTopic]) due after its
 // backoff, its offset finishes, and the consumer gets it from there with
@@ -84,7 +84,11 @@
 // earlier than that (on the broker's [Clock]) and shortly after; it
 // waits in internal topics ("%DELAY%<n>", see [IsDelayTopic]), so it is as
 // durable as the storage, and memory does not grow with the number
-// waiting. A key's messages with ordered due times arrive in that order. A cursor that fell out of the retained range resets to the
+// waiting. A key's messages with ordered due times arrive in that order.
+// Topics whose names start with '%' are the library's ([IsSystemTopic]):
+// users read and consume them, but creating, writing, growing or deleting
+// one is [ErrInvalidTopic], and their retention never drops a message.
+// A cursor that fell out of the retained range resets to the
 // oldest retained offset and says so ([WithOnReset], and a Warn log). On a
 // topic with [Block] overflow, the lowest cursor of every group with a
 // committed cursor on the topic releases room for producers (over a cursor

@@ -70,7 +70,6 @@ func TestHooksSeeEveryEvent(t *testing.T) {
 	require.NoError(t, err)
 	defer b.Close()
 	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "t", Queues: 1}))
-	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "%DLQ%g", Queues: 1}))
 	p, err := b.NewProducer()
 	require.NoError(t, err)
 	defer p.Close()

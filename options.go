@@ -233,7 +233,11 @@ func WithMaxRetryBackoff(d time.Duration) ConsumerOption {
 // to 1 KiB), sent with no size bound of its own, so whatever a producer
 // could send can be dead-lettered; a send the topic's queue refuses is
 // tried again with backoff and reported (see [WithOnError]), the message
-// staying unfinished. Default: "%DLQ%<group>".
+// staying unfinished. Default: [DeadLetterTopic] of the group
+// ("%DLQ%<group>"), a system topic, whose retention never drops a dead
+// letter; a topic named here is the user's, made with the default
+// retention. A system topic's name other than a dead-letter topic's is
+// [ErrInvalidOption].
 func WithDeadLetter(topic string) ConsumerOption {
 	return pushOption(func(c *consumerConfig) { c.deadLetter = topic })
 }
@@ -317,11 +321,11 @@ func newConsumerConfig(group, topic string, apply func(*consumerConfig)) (*consu
 		c.generatedID = true
 		c.memberID = bornAddress + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(memberSeq.Add(1), 10)
 	}
-	if c.deadLetter == "" {
-		c.deadLetter = "%DLQ%" + group
-	}
 	if err := ValidateGroupCursorArgs(topic, group, 0); err != nil {
 		return nil, err
+	}
+	if IsSystemTopic(c.deadLetter) && !isDeadLetterTopic(c.deadLetter) {
+		return nil, fmt.Errorf("%w: dead-letter topic %q: a system topic's name (see IsSystemTopic)", ErrInvalidOption, c.deadLetter)
 	}
 	switch {
 	case c.allocator == nil:

@@ -30,6 +30,7 @@ type Producer struct {
 	origin *Origin // stamped on every message: one pointer, shared
 	max    int
 	hooks  *hookSet // nil: none
+	system bool     // writes system topics (the library's producers only)
 	closed atomic.Bool
 	// sent and failed count messages, for Stats.
 	sent, failed atomic.Uint64
@@ -115,7 +116,12 @@ type producerConfig struct {
 	max      int
 	inFlight int
 	hooks    []Hook
+	system   bool // may write system topics (see systemWriter)
 }
+
+// systemWriter lets a producer write system topics: the library's own
+// (dead letters).
+func systemWriter() ProducerOption { return func(c *producerConfig) { c.system = true } }
 
 // WithRouter sets the router. Default: [KeyHashRouter].
 func WithRouter(r Router) ProducerOption { return func(c *producerConfig) { c.router = r } }
@@ -158,7 +164,7 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 	}
 	origin := &Origin{Producer: c.name, Host: bornAddress}
 	return &Producer{
-		b: b, router: c.router, name: c.name, origin: origin, max: c.max, hooks: newHookSet(b.hooks, c.hooks),
+		b: b, router: c.router, name: c.name, origin: origin, max: c.max, hooks: newHookSet(b.hooks, c.hooks), system: c.system,
 		slots: make(chan struct{}, c.inFlight), closing: make(chan struct{}),
 	}, nil
 }
@@ -281,6 +287,12 @@ func (p *Producer) check(m *Message) (*topicState, error) {
 	}
 	if m == nil {
 		return nil, fmt.Errorf("%w: nil message", ErrInvalidMessage)
+	}
+	if !p.system && IsSystemTopic(m.Topic) {
+		return nil, reserved(m.Topic)
+	}
+	if err := checkDueTime(m.DeliverAt); err != nil {
+		return nil, err
 	}
 	t := p.last.Load()
 	if t == nil || t.meta.Name != m.Topic || t.stale.Load() || p.b.closed.Load() {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"maps"
 	"math"
 	"strconv"
@@ -31,21 +30,6 @@ import (
 // or at Start when the topic exists): the handler gets the message as it
 // was (its Topic, Queue and Offset are the origin's), with the true
 // attempt number in its [Delivery], across owners and restarts.
-
-// RetryTopic returns the name of the topic where a group's retries of
-// topic's messages wait: "%RETRY%<group>%<topic>", or a hash of both when
-// that is not a valid topic name.
-func RetryTopic(group, topic string) string {
-	name := "%RETRY%" + group + "%" + topic
-	if ValidateTopicName(name) == nil {
-		return name
-	}
-	h := fnv.New64a()
-	h.Write([]byte(group))
-	h.Write([]byte{0})
-	h.Write([]byte(topic))
-	return fmt.Sprintf("%%RETRY%%%016x", h.Sum64())
-}
 
 // RetryAfter marks err so that the consumer tries its message again after
 // d, instead of after the [WithRetry] backoff (the attempt still counts).
@@ -155,7 +139,13 @@ func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cau
 			Message: Message{Topic: target, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body},
 			ID:      id, BornUnixNano: msg.BornUnixNano, Origin: msg.Origin,
 		}
-		at := m.b.time.Now().Add(d.retryWait(cause, attempt))
+		wait := d.retryWait(cause, attempt)
+		at := m.b.time.Now().Add(wait)
+		if checkDueTime(at) != nil {
+			// No due time can hold the wait: the message goes to the
+			// dead-letter topic, saying why, rather than come back early.
+			return d.deadLetterOrRetry(r, msg, attempt, fmt.Errorf("%w (not retried: a retry after %v would be due after %s, the latest a due time can be)", cause, wait, MaxDeliverAt.UTC().Format(time.RFC3339)), try)
+		}
 		_, err = m.b.delay.place(r.hctx, em, QueueID{Topic: target, Queue: v.Queue % t.meta.Queues}, at, true)
 	}
 	if err != nil {
@@ -228,8 +218,7 @@ func (c *Consumer) newRetryMember(ctx context.Context, create bool) (*Consumer, 
 		if err != nil {
 			return nil, err
 		}
-		err = b.CreateTopic(ctx, TopicMeta{Name: name, Queues: t.meta.Queues})
-		if err != nil && !errors.Is(err, ErrTopicExists) {
+		if err := b.createSystemTopic(ctx, TopicMeta{Name: name, Queues: t.meta.Queues}); err != nil {
 			return nil, err
 		}
 	}
@@ -369,16 +358,13 @@ func (d *deliverer) dlqProducer(ctx context.Context) (*Producer, error) {
 		return d.producer, nil
 	}
 	b := d.m.b
-	if _, ok := b.Topic(d.m.cfg.deadLetter); !ok {
-		err := b.CreateTopic(ctx, TopicMeta{Name: d.m.cfg.deadLetter, Queues: 1})
-		if err != nil && !errors.Is(err, ErrTopicExists) {
-			return nil, err
-		}
+	if err := d.m.createDeadLetter(ctx); err != nil {
+		return nil, err
 	}
 	// No size bound of its own: a message a producer could send, plus the
 	// headers added here, can always be dead-lettered (the queue's own
 	// limits still apply; a refused send is retried and reported).
-	p, err := b.NewProducer(WithProducerName(d.m.cfg.memberID), WithMaxMessageBytes(math.MaxInt))
+	p, err := b.NewProducer(WithProducerName(d.m.cfg.memberID), WithMaxMessageBytes(math.MaxInt), systemWriter())
 	if err != nil {
 		return nil, err
 	}

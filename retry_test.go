@@ -300,7 +300,7 @@ func TestRetryOrderedStaysInPlace(t *testing.T) {
 	log.mu.Lock()
 	assert.True(t, log.at["o1"][0].After(log.at["o0"][2]), "o1 waited for o0")
 	log.mu.Unlock()
-	_, ok := b.Topic(ferry.RetryTopic("g", "t"))
+	_, ok := b.Topic(retryTopic(t, "g", "t"))
 	assert.False(t, ok, "no retry topic in ordered mode")
 }
 
@@ -316,10 +316,10 @@ func TestForgetGroupDeletesItsRetries(t *testing.T) {
 	produce(t, b, "t", "f", 1, 1)
 	ferrytest.WaitFor(t, 0, "the first attempt's retry", func() bool { return c.Stats().Retried == 1 }, nil)
 	require.NoError(t, c.Close())
-	_, ok := b.Topic(ferry.RetryTopic("g", "t"))
+	_, ok := b.Topic(retryTopic(t, "g", "t"))
 	require.True(t, ok)
 	require.NoError(t, b.ForgetGroup(t.Context(), "g", "t"))
-	_, ok = b.Topic(ferry.RetryTopic("g", "t"))
+	_, ok = b.Topic(retryTopic(t, "g", "t"))
 	assert.False(t, ok, "the retry topic is gone")
 
 	again := newAttemptLog(clock, func(string, int) error { return nil })
@@ -354,4 +354,12 @@ func TestRetryNotCountedWhenGivenUp(t *testing.T) {
 	startConsumer(t, b, "g", log.handler(), ferry.WithMemberID("b"))
 	ferrytest.WaitFor(t, 0, "x0 at the next owner, the clock standing still", func() bool { return log.distinct() == 1 }, log.wake)
 	assert.Equal(t, []int{1}, log.seen("x0"))
+}
+
+// retryTopic returns the retry topic of group and topic.
+func retryTopic(t testing.TB, group, topic string) string {
+	t.Helper()
+	name, err := ferry.RetryTopic(group, topic)
+	require.NoError(t, err)
+	return name
 }

@@ -225,6 +225,8 @@ func TestOrderedNackHoldsTheQueue(t *testing.T) {
 	assert.Equal(t, 2, attempt(t, again))
 	again.Ack()
 	assert.Equal(t, second.UUID, receive(t, ch).UUID)
-	_, exists := b.Topic(ferry.RetryTopic("g", "work"))
+	retry, err := ferry.RetryTopic("g", "work")
+	require.NoError(t, err)
+	_, exists := b.Topic(retry)
 	assert.False(t, exists, "no retry topic in ordered mode")
 }
