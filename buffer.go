@@ -522,45 +522,6 @@ func (b *Buffer) Stats() BufferStats {
 	}
 }
 
-// Lock takes the buffer's consumption lock, which ordered consumption holds
-// while handling the queue's messages, waiting until it is free or ctx is
-// done (ctx's error). It is not reentrant.
-func (b *Buffer) Lock(ctx context.Context) error {
-	if err := checkContext(ctx); err != nil {
-		return &Error{Op: "buffer lock", Err: err}
-	}
-	select {
-	case b.consume <- struct{}{}:
-		return nil
-	default:
-	}
-	select {
-	case b.consume <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// TryLock takes the consumption lock if it is free and reports whether it
-// did.
-func (b *Buffer) TryLock() bool {
-	select {
-	case b.consume <- struct{}{}:
-		return true
-	default:
-		return false
-	}
-}
-
-// Unlock releases the consumption lock. Unlocking a free lock is a no-op.
-func (b *Buffer) Unlock() {
-	select {
-	case <-b.consume:
-	default:
-	}
-}
-
 // Close stops the buffer handing out messages: it wakes a waiting Put,
 // later Puts return [ErrClosed] and Take takes nothing. Messages already
 // taken can still be marked done, and WaitDrained waits for them.
