@@ -234,6 +234,7 @@ func (c *churn) run(rounds int) {
 		for range churnSteps {
 			c.produce(1 + c.rng.IntN(20))
 			c.step()
+			c.w.progress() // a step is progress: a round over a slow coordinator may take long
 		}
 		switch {
 		case c.persistent && !last && c.rng.IntN(3) == 0:
@@ -674,6 +675,7 @@ func (c *churn) settle(round int) bool {
 		select {
 		case <-ch:
 			quiet.Reset(stallTimeout)
+			c.w.progress()
 			continue
 		case <-quiet.C:
 		case <-deadline.C:
