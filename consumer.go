@@ -98,7 +98,7 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 	if b.closed.Load() {
 		return nil, &Error{Op: "new consumer", Err: ErrClosed}
 	}
-	if cfg.maxAttempts > 1 && !cfg.ordered && !cfg.broadcast {
+	if cfg.maxAttempts > 1 && !cfg.ordered && !cfg.orderedByKey && !cfg.broadcast {
 		// Retries go off the queue (see offQueue), to the retry topic.
 		if cfg.retryTopic, err = RetryTopic(group, topic); err != nil {
 			return nil, &Error{Op: "new consumer", Err: err}

@@ -242,7 +242,7 @@ func (d *deliverer) serve(w *worker, r *queueRun, it *retryItem) {
 	switch {
 	case it != nil:
 		if !it.r.admit() {
-			it.r.buf.abandon(it.msg) // the next owner gets it again
+			d.abandonKey(it.r, it.msg) // the next owner gets it again, with its key's waiting ones
 			return
 		}
 		dctx.Context = it.r.hctx
@@ -259,9 +259,15 @@ func (d *deliverer) serve(w *worker, r *queueRun, it *retryItem) {
 		if done {
 			it.r.buf.Done(it.msg)
 			m.finished(it.r)
+			if m.cfg.orderedByKey {
+				d.handleChain(dctx, it.r, d.nextOfKey(it.r, it.msg.Key))
+				dctx.flush(d)
+			}
 		}
 	case m.cfg.ordered:
 		d.ordered(dctx, r, w.batch[:1])
+	case m.cfg.orderedByKey:
+		d.runKeyed(w, r)
 	default:
 		d.runBatch(w, r)
 	}

@@ -69,7 +69,7 @@
 // a time, and no message of a queue reaches a handler, on this member or
 // the next owner, before every lower offset has finished (succeeded or
 // been dead-lettered): a released queue stops handing out messages at
-// once. A failing message is retried with backoff ([WithRetry],
+// once. [OrderedByKey] keeps that order per key, with keys in parallel. A failing message is retried with backoff ([WithRetry],
 // [RetryAfter]), then goes with headers naming its origin to the
 // dead-letter topic ([WithDeadLetter], [DeadLetterTopic] by default). In
 // concurrent mode the retry does not hold the queue: the message is

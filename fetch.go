@@ -289,6 +289,7 @@ func (r *queueRun) seek(req seekReq) {
 		}
 	}()
 	if !r.m.pull {
+		r.dropWaiting() // OrderedByKey's messages not started yet: dropped with the buffered rest
 		if err := r.buf.WaitDrained(r.ctx); err != nil {
 			req.done <- ErrClosed
 			return

@@ -107,6 +107,7 @@ type consumerConfig struct {
 	generatedID  bool // memberID was made up: it never comes back after Close
 	concurrency  int
 	ordered      bool
+	orderedByKey bool // see OrderedByKey
 	buffer       BufferConfig
 	startFrom    StartFrom
 	tags         []string
@@ -168,6 +169,23 @@ func WithConcurrency(n int) ConsumerOption {
 // dead-letter topic. Default: concurrent.
 func Ordered() ConsumerOption {
 	return pushOption(func(c *consumerConfig) { c.ordered = true })
+}
+
+// OrderedByKey handles each key's messages one at a time in offset order,
+// and different keys in parallel, up to [WithConcurrency] at once (push
+// consumers only): per queue, a message reaches a handler only once every
+// lower-offset message of its key finished (succeeded or went to the
+// dead-letter topic), on this member or, after a hand-over or a restart,
+// the next owner (the cursor stays at the queue's smallest unfinished
+// offset). A failing message holds only its key: it is retried in place,
+// after its backoff, and the key's later messages wait for it, while the
+// other keys flow on. Messages with an empty key are ordered with none.
+// A key's waiting messages count in the queue's [Buffer]: a slow key can
+// fill it (see [WithBuffer], [WithMaxSpan]). It cannot be combined with
+// [Ordered]. Per message, the cost is a map lookup; the memory, one entry
+// per key with a message in flight.
+func OrderedByKey() ConsumerOption {
+	return pushOption(func(c *consumerConfig) { c.orderedByKey = true })
 }
 
 // WithBuffer sets the capacity of each queue's [Buffer] in messages and
@@ -338,6 +356,8 @@ func newConsumerConfig(group, topic string, apply func(*consumerConfig)) (*consu
 		return nil, fmt.Errorf("%w: member id of %d bytes", ErrInvalidOption, len(c.memberID))
 	case c.broadcast && len(group)+1+len(c.memberID) > 255:
 		return nil, fmt.Errorf("%w: group and member id too long for a broadcast cursor", ErrInvalidOption)
+	case c.ordered && c.orderedByKey:
+		return nil, fmt.Errorf("%w: Ordered and OrderedByKey together", ErrInvalidOption)
 	case c.concurrency < 1:
 		return nil, fmt.Errorf("%w: concurrency %d", ErrInvalidOption, c.concurrency)
 	case c.startFrom != Earliest && c.startFrom != Latest:

@@ -76,6 +76,8 @@ type queueRun struct {
 	skip   []int64
 	skipAt int
 
+	keys *keyed // OrderedByKey's keys in flight (see keyed.go); nil otherwise
+
 	cslot     *cursorSlot // the queue's cursor, when the store is a MemoryCursorStore
 	commitMu  sync.Mutex  // guards committed; commits hold it
 	committed int64
@@ -91,6 +93,9 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 		done:  make(chan struct{}),
 	}
 	r.queue = r.t.queues[q]
+	if m.cfg.orderedByKey {
+		r.keys = &keyed{busy: map[string][]*EnhancedMessage{}}
+	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.hctx, r.hcancel = context.WithCancel(context.Background())
 	r.committed = -1
@@ -395,7 +400,7 @@ func (r *queueRun) setPaused(p bool) {
 		return
 	}
 	r.kick()
-	if r.buf.Pending() > 0 {
+	if r.buf.Pending() > 0 || r.keys != nil && r.keys.hasReady() {
 		r.m.sched.push(r)
 	}
 }

@@ -61,7 +61,7 @@ func (d *deliverer) retryWait(err error, attempt int) time.Duration {
 
 // offQueue reports whether failures are retried off the queue.
 func (m *groupMember) offQueue() bool {
-	return !m.cfg.ordered && !m.cfg.broadcast && !m.pull && m.cfg.maxAttempts > 1
+	return !m.cfg.ordered && !m.cfg.orderedByKey && !m.cfg.broadcast && !m.pull && m.cfg.maxAttempts > 1
 }
 
 // firstAttempt returns the attempt a fetched message makes: 1, or for a
@@ -413,6 +413,7 @@ func (d *deliverer) dropRetries(r *queueRun) {
 	heap.Init(&d.delayed)
 	d.mu.Unlock()
 	r.buf.abandon(dropped...)
+	r.dropWaiting()
 }
 
 // retryLoop hands retries to the workers when they are due, until the

@@ -1,0 +1,165 @@
+package ferry
+
+import "sync"
+
+// Per-key order (OrderedByKey): a worker takes a share of a queue's
+// pending messages, as in concurrent mode, and hands each to a handler
+// only if no message of its key is in flight; otherwise the message waits
+// behind its key. The worker that finishes a key's message goes on with
+// the key's next waiting one, so each key is handled one message at a
+// time, in offset order, and keys in parallel. A failure is retried in
+// place (the retry loop brings it back after its backoff): its key keeps
+// its waiting messages meanwhile, every other key flows on. Waiting
+// messages are taken from the buffer (in flight for it), but not
+// started: a revoke abandons them with the rest (see dropWaiting).
+
+// keyed is a queue's keys in flight, each with the messages of that key
+// taken behind it, in offset order, and the messages ready to start
+// (their key claimed for them, not started yet), in offset order.
+type keyed struct {
+	mu    sync.Mutex
+	busy  map[string][]*EnhancedMessage
+	ready fifo[*EnhancedMessage]
+}
+
+// hasReady reports whether messages are ready to start.
+func (k *keyed) hasReady() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.ready.len() > 0
+}
+
+// keyedTurns bounds the chains one worker starts before it lets the
+// scheduler pick again.
+const keyedTurns = 16
+
+// runKeyed starts the messages of r whose key is free, one chain at a
+// time (handleChain): a message ready to start, or, with none ready, the
+// next share of the buffer's pending messages, sorted under the keys'
+// lock (so in offset order, whoever takes them) into ready ones and ones
+// waiting behind their key. While more are ready, r is listed again, so
+// that other workers start other keys beside this one.
+func (d *deliverer) runKeyed(w *worker, r *queueRun) {
+	m := d.m
+	dctx := w.dctx
+	dctx.Context = r.hctx
+	k := r.keys
+	for range keyedTurns {
+		k.mu.Lock()
+		if k.ready.len() == 0 && r.admits() {
+			n, _ := r.buf.takeShare(w.batch, m.cfg.concurrency, 1)
+			for _, msg := range w.batch[:n] {
+				if msg.Key != "" {
+					if q, busy := k.busy[msg.Key]; busy {
+						k.busy[msg.Key] = append(q, msg)
+						continue
+					}
+					k.busy[msg.Key] = nil
+				}
+				k.ready.push(msg)
+			}
+			clear(w.batch[:n])
+		}
+		var msg *EnhancedMessage
+		if k.ready.len() > 0 {
+			msg = k.ready.pop()
+		}
+		more := k.ready.len() > 0
+		k.mu.Unlock()
+		if more || r.buf.Pending() > 0 {
+			m.sched.push(r) // for another worker, beside this one
+		}
+		if msg == nil {
+			break
+		}
+		if !r.admit() {
+			d.abandonKey(r, msg)
+			r.dropWaiting()
+			break
+		}
+		d.handleChain(dctx, r, msg)
+	}
+	dctx.flush(d)
+}
+
+// handleChain handles msg, then its key's waiting messages one after the
+// other, until the key has none waiting (it is free again) or one stays
+// in flight (a retry is scheduled: the key waits for it).
+func (d *deliverer) handleChain(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage) {
+	m := d.m
+	for msg != nil {
+		if !r.admit() {
+			d.abandonKey(r, msg)
+			return
+		}
+		if !d.handle(dctx, r, msg, d.firstAttempt(msg)) {
+			return // in flight (a retry scheduled, its key waiting), or given back
+		}
+		r.buf.Done(msg)
+		m.finished(r)
+		msg = d.nextOfKey(r, msg.Key)
+	}
+}
+
+// nextOfKey returns the next message waiting behind key, or frees the key
+// (nil) when none waits.
+func (d *deliverer) nextOfKey(r *queueRun, key string) *EnhancedMessage {
+	if key == "" || r.keys == nil {
+		return nil
+	}
+	k := r.keys
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	q, busy := k.busy[key]
+	if !busy {
+		return nil
+	}
+	if len(q) == 0 {
+		delete(k.busy, key)
+		return nil
+	}
+	next := q[0]
+	q[0] = nil
+	k.busy[key] = q[1:]
+	return next
+}
+
+// abandonKey gives msg back unfinished, and with it, when r orders by
+// key, the messages waiting behind msg's key, which is free again.
+func (d *deliverer) abandonKey(r *queueRun, msg *EnhancedMessage) {
+	r.buf.abandon(msg)
+	if r.keys == nil || msg.Key == "" {
+		return
+	}
+	k := r.keys
+	k.mu.Lock()
+	q := k.busy[msg.Key]
+	delete(k.busy, msg.Key)
+	k.mu.Unlock()
+	r.buf.abandon(q...)
+}
+
+// dropWaiting gives back, unfinished, every message of r waiting behind
+// its key or ready to start: r is being released (or lost), and none of
+// them may start. The keys of the ready ones are free again.
+func (r *queueRun) dropWaiting() {
+	if r.keys == nil {
+		return
+	}
+	k := r.keys
+	k.mu.Lock()
+	var waiting []*EnhancedMessage
+	for key, q := range k.busy {
+		waiting = append(waiting, q...)
+		k.busy[key] = nil
+	}
+	for k.ready.len() > 0 {
+		msg := k.ready.pop()
+		waiting = append(waiting, msg)
+		if msg.Key != "" {
+			delete(k.busy, msg.Key)
+		}
+	}
+	k.mu.Unlock()
+	r.buf.abandon(waiting...)
+}
