@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/ferrymq/ferry"
 )
@@ -125,4 +127,37 @@ func ExampleProducer_TrySend() {
 	// Output:
 	// <nil>
 	// true
+}
+
+// OrderedByKey keeps each key's messages in order while keys run in
+// parallel: here a slow message of key "a" holds only key "a".
+func ExampleOrderedByKey() {
+	ctx := context.Background()
+	b, _ := ferry.NewBroker()
+	defer b.Close()
+	_ = b.CreateTopic(ctx, ferry.TopicMeta{Name: "events", Queues: 1})
+	p, _ := b.NewProducer()
+	for _, e := range []struct{ key, body string }{{"a", "a1"}, {"b", "b1"}, {"a", "a2"}, {"b", "b2"}} {
+		_, _ = p.Send(ctx, &ferry.Message{Topic: "events", Key: e.key, Body: []byte(e.body)})
+	}
+	var mu sync.Mutex
+	seen := map[string][]string{}
+	done := make(chan struct{})
+	c, _ := b.NewConsumer("g", "events", ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		if string(m.Body) == "a1" {
+			time.Sleep(10 * time.Millisecond) // key "b" goes on meanwhile
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen[m.Key] = append(seen[m.Key], string(m.Body))
+		if len(seen["a"])+len(seen["b"]) == 4 {
+			close(done)
+		}
+		return nil
+	}), ferry.OrderedByKey(), ferry.WithConcurrency(2))
+	_ = c.Start(ctx)
+	<-done
+	_ = c.Close()
+	fmt.Println(seen["a"], seen["b"])
+	// Output: [a1 a2] [b1 b2]
 }

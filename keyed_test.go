@@ -284,3 +284,69 @@ func TestOrderedByKeySeek(t *testing.T) {
 	defer log.mu.Unlock()
 	assert.Empty(t, log.overlaps)
 }
+
+// A poison key never stalls the queue for good: its message fails every
+// attempt and goes to the dead-letter topic, the other keys complete
+// meanwhile, and the key's later messages follow it in order. With a
+// small MaxSpan the span fills behind the stuck key while it retries:
+// fetching waits (the buffer takes nothing beyond the span) until the
+// poison message is dead-lettered, and then everything flows; nothing
+// deadlocks.
+func TestOrderedByKeyPoisonKey(t *testing.T) {
+	for _, span := range []int{0, 32} {
+		t.Run("span"+strconv.Itoa(span), func(t *testing.T) {
+			ctx := context.Background()
+			b := newTopic(t, 1)
+			const n = 400
+			ferrytest.Produce(t, b, "t", "m", n, 8) // key k0 at offsets 0, 8, 16…
+			log := newKeyLog()
+			opts := []ferry.ConsumerOption{ferry.OrderedByKey(), ferry.WithConcurrency(4), ferry.WithRetry(4, 2*time.Millisecond)}
+			if span > 0 {
+				opts = append(opts, ferry.WithMaxSpan(int64(span)))
+			}
+			c, err := b.NewConsumer("g", "t", ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+				log.enter(m)
+				if m.Offset == 0 {
+					log.leave(m, false)
+					return errors.New("poison")
+				}
+				log.leave(m, true)
+				return nil
+			}), opts...)
+			require.NoError(t, err)
+			require.NoError(t, c.Start(ctx))
+			defer c.Close()
+			ferrytest.WaitFor(t, 0, "every other message", func() bool { return log.total() >= n-1 }, log.wake)
+			ferrytest.WaitFor(t, 0, "the dead letter", func() bool { return c.Stats().DeadLettered == 1 }, nil)
+			log.checkOrder(t)
+			log.mu.Lock()
+			defer log.mu.Unlock()
+			assert.Equal(t, int64(8), log.done["k0"][0], "k0's next message after the dead letter")
+			assert.Len(t, log.done["k0"], n/8-1)
+		})
+	}
+}
+
+// Many keys, random handler durations, 64 workers: no key's messages
+// overlap or leave offset order.
+func TestOrderedByKeyManyWorkers(t *testing.T) {
+	ctx := context.Background()
+	b := newTopic(t, 2)
+	const n, keys = 4000, 200
+	ferrytest.Produce(t, b, "t", "m", n, keys)
+	log := newKeyLog()
+	c, err := b.NewConsumer("g", "t", ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		log.enter(m)
+		if m.Offset%7 == 0 {
+			time.Sleep(time.Duration(m.Offset%5) * 100 * time.Microsecond)
+		}
+		log.leave(m, true)
+		return nil
+	}), ferry.OrderedByKey(), ferry.WithConcurrency(64))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	ferrytest.WaitFor(t, 0, "every message", func() bool { return log.total() >= n }, log.wake)
+	log.checkOrder(t)
+	assert.Equal(t, n, log.total())
+}

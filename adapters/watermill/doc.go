@@ -51,7 +51,11 @@
 // to the group's dead-letter topic after the last attempt. With
 // [ferry.Ordered] in [SubscriberConfig.ConsumerOptions] a nacked message
 // waits out its backoff in its queue instead, holding back the messages
-// after it, so a key keeps its order through Nacks.
+// after it, so a key keeps its order through Nacks. [ferry.OrderedByKey]
+// there holds back only the nacked message's key: its other keys come on
+// meanwhile (a subscription still hands its messages out one at a time,
+// so the keys run in parallel only across subscriptions' handler calls,
+// not within one).
 //
 // Subscriptions of the same group share the topic's queues (and those of
 // its retry topic), each queue owned by one of them; delivery is at least
