@@ -1,0 +1,5 @@
+package remote_test
+
+const serverEnv = "FERRY_REMOTE_SERVER"
+
+func serverMain(dir string) int { return 0 }
