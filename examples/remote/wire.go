@@ -131,7 +131,9 @@ func decodeError(we wireError) error {
 			e.err = c.err
 		}
 	}
-	if we.Code == codeUnavailable {
+	if we.Code == codeUnavailable || we.Code == codeCanceled {
+		// The server gave up on the call (its storage or queue closed,
+		// or it is shutting down): the client's own context did not end.
 		e.err = ErrUnavailable
 	}
 	return e
