@@ -152,27 +152,27 @@ func TestProcessKill(t *testing.T) {
 	// killer kills at 300, 900 and 1500 acknowledgements.
 	ackCount := 0
 	killAt := []int{300, 900, 1500}
-	kills := make(chan struct{}, 1)
+	killsDue, killed := 0, 0 // kills the acknowledgements asked for; kills made
 	stopAt := -1
 	var sendErrs int
 	sent := 0
 	for ; ; sent++ {
 		mu.Lock()
 		done := stopAt >= 0 && ackCount >= stopAt
+		kill := killsDue > killed
 		mu.Unlock()
 		if done {
 			break
 		}
-		select {
-		case <-kills:
+		if kill {
 			srv.kill()
 			srv.start()
+			killed++
 			mu.Lock()
-			if len(killAt) == 0 {
+			if killed == 3 {
 				stopAt = ackCount + 300
 			}
 			mu.Unlock()
-		default:
 		}
 		body := "m-" + strconv.Itoa(sent)
 		err := p.SendAsync(ctx, &ferry.Message{Topic: topic, Key: body, Body: []byte(body)}, func(res ferry.SendResult, err error) {
@@ -186,7 +186,7 @@ func TestProcessKill(t *testing.T) {
 			ackCount++
 			if len(killAt) > 0 && ackCount >= killAt[0] {
 				killAt = killAt[1:]
-				kills <- struct{}{}
+				killsDue++
 			}
 		})
 		require.NoError(t, err)
