@@ -127,4 +127,3 @@ func TestPipeline(t *testing.T) {
 	pipeline(t, remoteStorage(t), "small", 500)
 	pipeline(t, natsStorage(t, "small"), "small", 500)
 }
-

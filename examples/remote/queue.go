@@ -75,7 +75,9 @@ func (q *Queue) seen(oldest, next int64) {
 	}
 }
 
-func (q *Queue) opName(what string) string { return fmt.Sprintf("%s %s/%d", what, q.id.Topic, q.id.Queue) }
+func (q *Queue) opName(what string) string {
+	return fmt.Sprintf("%s %s/%d", what, q.id.Topic, q.id.Queue)
+}
 
 // call makes a call on the queue; where the server has not opened it (it
 // restarted), it opens it again and makes the call once more.
