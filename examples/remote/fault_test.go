@@ -220,3 +220,18 @@ type wireError struct {
 func codecOf(topic string) []byte {
 	return codec.Append(nil, batch(topic, 0, 1, 4)[0])
 }
+
+// TestTooLargeForOneCall: a write of more bytes than one call carries is
+// ErrMessageTooLarge before anything is sent, synchronous or not.
+func TestTooLargeForOneCall(t *testing.T) {
+	srv := startServer(t, t.TempDir(), "127.0.0.1:0")
+	q, err := dial(t, srv.addr).OpenQueue(t.Context(), ferry.TopicMeta{Name: "big", Queues: 1}, 0)
+	require.NoError(t, err)
+	huge := []*ferry.EnhancedMessage{{Message: ferry.Message{Topic: "big", Body: make([]byte, 64<<20)}}}
+	_, err = q.Write(t.Context(), huge)
+	require.ErrorIs(t, err, ferry.ErrMessageTooLarge)
+	got := make(chan error, 1)
+	q.(ferry.AsyncWriter).WriteAsync(t.Context(), huge, func(_ int64, err error) { got <- err })
+	require.ErrorIs(t, <-got, ferry.ErrMessageTooLarge)
+	require.EqualValues(t, 0, nextOffset(t, q))
+}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 )
 
 // Queue is the client of one queue on a [Server]: a [ferry.Queue] whose
@@ -22,8 +23,9 @@ import (
 // overflow).
 //
 // A Write is all or nothing on the server; a Write that fails with
-// [ErrUnavailable] may have been stored (the answer was lost), never
-// half. A Queue is safe for concurrent use. Close is idempotent; it
+// [ErrUnavailable], or whose ctx ends while it is in flight, may have
+// been stored (the answer was lost), never half: as with any network
+// store, a caller that retries it delivers at least once. A Queue is safe for concurrent use. Close is idempotent; it
 // reports every pending WriteAsync and returns once its goroutine (the
 // one sending WriteAsync's calls, started with the first) has exited.
 type Queue struct {
@@ -105,12 +107,18 @@ func (q *Queue) withQuery(kv ...string) url.Values {
 	return v
 }
 
-// checkBatch is the error of a batch the server need not see.
+// checkBatch is the error of a batch the server need not see: a nil
+// message, or more bytes than one call carries.
 func (q *Queue) checkBatch(op string, msgs []*ferry.EnhancedMessage) error {
+	size := 0
 	for i, m := range msgs {
 		if m == nil {
 			return &ferry.Error{Op: "remote " + q.opName(op), Err: fmt.Errorf("%w: message %d is nil", ferry.ErrInvalidMessage, i)}
 		}
+		size += codec.Size(m)
+	}
+	if size > maxBatchBytes {
+		return &ferry.Error{Op: "remote " + q.opName(op), Err: fmt.Errorf("%w: %d bytes encoded, a call carries at most %d", ferry.ErrMessageTooLarge, size, maxBatchBytes)}
 	}
 	return nil
 }

@@ -115,6 +115,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		// A body cut off (the client or its connection gone) is never
 		// acted on: a batch is written whole or not at all.
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			err = fmt.Errorf("%w: remote: request of more than %d bytes", ferry.ErrMessageTooLarge, tooLarge.Limit)
+		}
 		writeError(w, fmt.Errorf("remote: read request: %w", err))
 		return
 	}

@@ -34,9 +34,10 @@ const (
 
 // Limits of one call.
 const (
-	maxRequestBytes = 64 << 20 // a Write's body
-	maxReadMessages = 4096     // messages one Read returns
-	maxBatches      = 1 << 16  // batches one Write carries
+	maxRequestBytes = 64 << 20                // a Write's body
+	maxBatchBytes   = maxRequestBytes - 1<<10 // one write's messages, encoded, leaving room for the framing
+	maxReadMessages = 4096                    // messages one Read returns
+	maxBatches      = 1 << 16                 // batches one Write carries
 )
 
 // openRequest is OpenQueue's body.
