@@ -235,3 +235,51 @@ func TestTooLargeForOneCall(t *testing.T) {
 	require.ErrorIs(t, <-got, ferry.ErrMessageTooLarge)
 	require.EqualValues(t, 0, nextOffset(t, q))
 }
+
+// TestReadCutMidResponse cuts the connection at points spread over a
+// Read's answer: each Read fails with ErrUnavailable or returns whole
+// messages, never part of one; the client then reconnects and reads on.
+func TestReadCutMidResponse(t *testing.T) {
+	srv := startServer(t, t.TempDir(), "127.0.0.1:0")
+	meta := ferry.TopicMeta{Name: "cutread", Queues: 1}
+	direct, err := dial(t, srv.addr).OpenQueue(t.Context(), meta, 0)
+	require.NoError(t, err)
+	const n, body = 40, 300
+	msgs := batch("cutread", 0, n, body)
+	_, err = direct.Write(t.Context(), msgs)
+	require.NoError(t, err)
+	size := 0
+	for _, m := range msgs {
+		size += codec.Size(m)
+	}
+	var failed, whole int
+	for k := range 14 {
+		budget := int64(k * (size + 200) / 12)
+		p := newProxy(t, srv.addr)
+		q, err := dial(t, p.addr()).OpenQueue(t.Context(), meta, 0)
+		require.NoError(t, err)
+		p.armReplies(budget)
+		dst := make([]*ferry.EnhancedMessage, n)
+		got, rerr := q.Read(t.Context(), 0, dst)
+		p.armReplies(-1)
+		if rerr != nil {
+			require.ErrorIs(t, rerr, remote.ErrUnavailable, "budget %d", budget)
+			require.Zero(t, got)
+			failed++
+		} else {
+			require.Equal(t, n, got, "budget %d", budget)
+			whole++
+		}
+		for i := range got {
+			require.Equal(t, msgs[i].Body, dst[i].Body, "budget %d, message %d", budget, i)
+			require.EqualValues(t, i, dst[i].Offset)
+		}
+		// The same client reconnects and reads on.
+		got, err = q.Read(t.Context(), n-1, dst)
+		require.NoError(t, err, "budget %d: read after the cut", budget)
+		require.Equal(t, 1, got)
+	}
+	t.Logf("%d reads cut off, %d whole", failed, whole)
+	require.Positive(t, failed, "no cut fell inside an answer")
+	require.Positive(t, whole, "no budget let an answer through")
+}

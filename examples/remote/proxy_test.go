@@ -1,7 +1,6 @@
 package remote_test
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -10,19 +9,21 @@ import (
 )
 
 // proxy forwards TCP connections to a backend. Once armed with a budget,
-// it forwards that many more bytes from clients to the backend, summed
-// over its connections, then cuts every connection: the server sees a
-// request end in the middle, as if the client's machine died, and the
-// client sees its connection die, as if the server's did.
+// it forwards that many more bytes from clients to the backend (or, armed
+// with armReplies, from the backend to clients), summed over its
+// connections, then cuts every connection: the server sees a request end
+// in the middle, as if the client's machine died, and the client sees its
+// connection die, as if the server's did.
 type proxy struct {
 	l       net.Listener
 	backend string
 
-	mu     sync.Mutex // guards conns, budget and cut
-	conns  []net.Conn
-	budget int64 // bytes still forwarded once armed; -1 unarmed
-	cut    chan struct{}
-	wg     sync.WaitGroup
+	mu      sync.Mutex // guards conns, budget and cut
+	conns   []net.Conn
+	budget  int64 // bytes still forwarded once armed; -1 unarmed
+	replies bool  // the budget counts the backend's bytes, not the clients'
+	cut     chan struct{}
+	wg      sync.WaitGroup
 }
 
 func newProxy(t *testing.T, backend string) *proxy {
@@ -41,16 +42,23 @@ func (p *proxy) addr() string { return p.l.Addr().String() }
 // arm cuts the connections after n more bytes from the clients.
 func (p *proxy) arm(n int64) {
 	p.mu.Lock()
-	p.budget = n
+	p.budget, p.replies = n, false
 	p.mu.Unlock()
 }
 
-// take returns how many of n bytes may pass, and whether to cut after
-// them.
-func (p *proxy) take(n int) (int, bool) {
+// armReplies cuts the connections after n more bytes from the backend.
+func (p *proxy) armReplies(n int64) {
+	p.mu.Lock()
+	p.budget, p.replies = n, true
+	p.mu.Unlock()
+}
+
+// take returns how many of n bytes going one way (reply: from the
+// backend) may pass, and whether to cut after them.
+func (p *proxy) take(n int, reply bool) (int, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.budget < 0 {
+	if p.budget < 0 || p.replies != reply {
 		return n, false
 	}
 	k := min(int64(n), p.budget)
@@ -74,33 +82,32 @@ func (p *proxy) accept() {
 		p.conns = append(p.conns, c, b)
 		p.mu.Unlock()
 		p.wg.Add(2)
-		go func() { // client to backend, within the budget
-			defer p.wg.Done()
-			buf := make([]byte, 4096)
-			for {
-				n, err := c.Read(buf)
-				if n > 0 {
-					k, cut := p.take(n)
-					if _, werr := b.Write(buf[:k]); werr != nil {
-						break
-					}
-					if cut {
-						p.cutAll()
-						break
-					}
-				}
-				if err != nil {
-					break
-				}
-			}
-			_ = b.Close()
-		}()
-		go func() { // backend to client
-			defer p.wg.Done()
-			_, _ = io.Copy(c, b)
-			_ = c.Close()
-		}()
+		go p.forward(c, b, false)
+		go p.forward(b, c, true)
 	}
+}
+
+// forward copies from to to within the budget, then closes to.
+func (p *proxy) forward(from, to net.Conn, reply bool) {
+	defer p.wg.Done()
+	buf := make([]byte, 4096)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 {
+			k, cut := p.take(n, reply)
+			if _, werr := to.Write(buf[:k]); werr != nil {
+				break
+			}
+			if cut {
+				p.cutAll()
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	_ = to.Close()
 }
 
 // cutAll closes every connection and disarms.
