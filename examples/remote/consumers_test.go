@@ -11,11 +11,9 @@ import (
 )
 
 // TestConsumers runs the consumer suite of package ferrytest with every
-// broker's queues on a remote server: brokers over a remote.Storage
-// deliver, commit, resume and rebalance as over a local store. The
-// cursors are kept in the server's filestore, used directly (the example
-// serves queues, not cursors), and a FakeCoordinator lets the suite lose
-// a lease. A reopen starts a new server on the same directory. Scale
+// broker's queues and cursors on a remote server: brokers over a
+// remote.Storage deliver, commit, resume and rebalance as over a local
+// store. A FakeCoordinator lets the suite lose a lease. A reopen starts a new server on the same directory. Scale
 // 0.25 keeps the module's tests well under a minute on two cores under
 // -race (the full counts take 20 s here alone and pass too).
 func TestConsumers(t *testing.T) {
@@ -25,13 +23,14 @@ func TestConsumers(t *testing.T) {
 		st, err := remote.NewStorage(srv.addr)
 		require.NoError(t, err)
 		coord := ferrytest.NewFakeCoordinator()
+		owned := ownedStorage{st, srv}
 		return ferrytest.Backend{
-			Storage: ownedStorage{st, srv}, Cursors: srv.fs, Coordinator: coord,
+			Storage: owned, Cursors: owned, Coordinator: coord,
 			Reopen: func(t *testing.T) ferrytest.Backend { return open(t, dir) },
 			Expire: func(g ferry.GroupKey, member string) { coord.Expire(g, member) },
 		}
 	}
-	ferrytest.TestConsumers(t, ferrytest.ConsumerFeatures{Scale: 0.25}, func(t *testing.T) ferrytest.Backend {
+	ferrytest.TestConsumers(t, ferrytest.ConsumerFeatures{Scale: 0.25, Timeout: features.Timeout}, func(t *testing.T) ferrytest.Backend {
 		return open(t, t.TempDir())
 	})
 }

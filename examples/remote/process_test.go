@@ -67,6 +67,7 @@ func (p *serverProcess) start() {
 	cmd.Env = append(os.Environ(), serverEnv+"="+p.dir)
 	cmd.ExtraFiles = []*os.File{p.lf}
 	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = childAttr() // on Linux, the server dies with the test
 	require.NoError(p.t, cmd.Start())
 	p.cmd = cmd
 }
@@ -82,7 +83,7 @@ func (p *serverProcess) kill() {
 }
 
 // TestProcessKill runs a broker, a producer and a consumer group in this
-// process against queues served by another, which it SIGKILLs three times
+// process against queues (and cursors) served by another, which it SIGKILLs three times
 // while the producer sends (and starts again, on the same address and
 // store). Every message whose send was acknowledged is delivered and is
 // in the store; nothing is delivered that was not sent; every message in
@@ -108,7 +109,7 @@ func TestProcessKill(t *testing.T) {
 	st, err := remote.NewStorage(addr)
 	require.NoError(t, err)
 	defer st.Close()
-	b, err := ferry.NewBroker(ferry.WithStorage(st))
+	b, err := ferry.NewBroker(ferry.WithStorage(st), ferry.WithCursorStore(st))
 	require.NoError(t, err)
 	defer b.Close()
 	const topic = "orders"

@@ -249,6 +249,8 @@ func (s *Server) control(ctx context.Context, r *http.Request, method string, bo
 		}
 		oldest, next, err := offsets(ctx, q)
 		return offsetsResponse{oldest, next}, err
+	case mLoad, mCommit, mCommitFenced, mCursors, mForget:
+		return s.cursor(ctx, method, body)
 	case mRelease:
 		q, err := s.queueOf(r)
 		if err != nil {

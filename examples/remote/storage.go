@@ -42,7 +42,9 @@ func WithMaxAsync(n int) Option { return func(c *config) { c.maxAsync = n } }
 // process: hand it to [ferry.WithStorage] and an unmodified broker,
 // producer and consumer group run on them. It also implements
 // [ferry.SharedStorage] and [ferry.TopicDeleter] (several brokers may
-// share one server).
+// share one server), and, where the server's storage keeps cursors (a
+// filestore does), [ferry.CursorStore], [ferry.CursorGroups] and
+// [ferry.FencedCursorStore]: hand it to [ferry.WithCursorStore] too.
 //
 // It keeps one HTTP/2 connection to the server, made on the first call
 // and made again on the call after it broke: a server that restarts is

@@ -88,6 +88,8 @@ var codes = []struct {
 	{"topic_exists", ferry.ErrTopicExists},
 	{"topic_not_found", ferry.ErrTopicNotFound},
 	{"corrupt", ferry.ErrCorrupt},
+	{"fenced", ferry.ErrFenced},
+	{"group_not_found", ferry.ErrGroupNotFound},
 }
 
 // errorCode returns the code of err.
