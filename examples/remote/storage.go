@@ -193,9 +193,9 @@ func (s *Storage) call(ctx, life context.Context, op, method string, query url.V
 		_ = resp.Body.Close()
 	}
 	switch {
-	case life.Err() != nil:
+	case err != nil && life.Err() != nil:
 		return nil, fail(ferry.ErrClosed)
-	case ctx.Err() != nil:
+	case err != nil && ctx.Err() != nil:
 		return nil, ctx.Err()
 	case err != nil:
 		return nil, fail(fmt.Errorf("%w: %w", ErrUnavailable, err))
