@@ -24,7 +24,7 @@ var features = ferrytest.Features{Persistent: true, Block: true, Timeout: 30 * t
 func TestQueueConformance(t *testing.T) {
 	ferrytest.TestQueue(t, features, func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
 		// Small segments, so retention drops segments within the suite.
-		srv := startServer(t, t.TempDir(), "127.0.0.1:0")
+		srv := startServer(t, memDir(t), "127.0.0.1:0")
 		st := dial(t, srv.addr)
 		q, err := st.OpenQueue(t.Context(), meta, queue)
 		require.NoError(t, err)

@@ -2,6 +2,7 @@ package remote_test
 
 import (
 	"net"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -59,4 +60,20 @@ func dial(t testing.TB, addr string, opts ...remote.Option) *remote.Storage {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 	return st
+}
+
+// memDir returns a fresh directory in memory (on /dev/shm, where there is
+// one), removed when the test ends, else t.TempDir(). The queue suite's
+// servers keep their filestore there: the suite checks the wire, and
+// filestore's directory fsyncs when it rolls segments (dozens in
+// ConcurrentRetention) made it disk-bound on a shared disk, 5 to 12 s of
+// the module's test time. filestore's own suite checks it on disk.
+func memDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "ferry-remote-")
+	if err != nil {
+		return t.TempDir()
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
