@@ -2,11 +2,12 @@
 // Ferry's parts: a partition served over the network. A [Server] serves
 // the queues of a [ferry.Storage] (filestore's, in cmd/ferry-remote) over
 // HTTP/2; a [Storage] in another process opens them as [Queue]s, which
-// are [ferry.Queue]s, so an unmodified [ferry.Broker], producer and
-// consumer group run on queues that live elsewhere:
+// are [ferry.Queue]s, and keeps its cursors there too (a
+// [ferry.CursorStore]), so an unmodified [ferry.Broker], producer and
+// consumer group run on queues and cursors that live elsewhere:
 //
 //	st, _ := remote.NewStorage("10.0.0.7:7420")
-//	b, _ := ferry.NewBroker(ferry.WithStorage(st))
+//	b, _ := ferry.NewBroker(ferry.WithStorage(st), ferry.WithCursorStore(st))
 //	defer b.Close() // then st.Close()
 //
 // Messages cross the wire in Ferry's codec (package codec); the calls

@@ -17,9 +17,11 @@ import (
 )
 
 // Server serves the queues of a [ferry.Storage] (a filestore, in the
-// example's program) to [Storage] clients over HTTP/2 without TLS. It
+// example's program) to [Storage] clients over HTTP/2 without TLS, and
+// its cursors where it is also a [ferry.CursorStore] (a filestore is). It
 // is an [http.Handler], so it can be mounted in a server of your own;
-// [Server.Serve] runs one of its own.
+// [Server.Serve] runs one of its own. It has no authentication: serve it
+// on a trusted network only.
 //
 // A Server opens queues when clients ask and keeps them open until Close;
 // it does not close the storage, which the caller owns. Its methods are

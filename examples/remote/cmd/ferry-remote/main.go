@@ -7,7 +7,7 @@
 // A broker in another process then runs on its queues:
 //
 //	st, _ := remote.NewStorage("127.0.0.1:7420")
-//	b, _ := ferry.NewBroker(ferry.WithStorage(st))
+//	b, _ := ferry.NewBroker(ferry.WithStorage(st), ferry.WithCursorStore(st))
 package main
 
 import (
