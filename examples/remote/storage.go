@@ -102,8 +102,9 @@ func NewStorage(addr string, opts ...Option) (*Storage, error) {
 		// and dropped if the ping goes unanswered: a server behind a
 		// broken network fails the calls in flight instead of hanging
 		// them (a server that exits resets the connection at once).
-		HTTP2:                 &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
-		ResponseHeaderTimeout: 0, // Reads block on the server for as long as their context allows
+		// No ResponseHeaderTimeout: a Read waits on the server for as
+		// long as its context allows.
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	return &Storage{
@@ -210,9 +211,9 @@ func (s *Storage) call(ctx, life context.Context, op, method string, query url.V
 }
 
 func truncate(b []byte) string {
-	const max = 200
-	if len(b) > max {
-		return string(b[:max]) + "…"
+	const limit = 200
+	if len(b) > limit {
+		return string(b[:limit]) + "…"
 	}
 	return strings.TrimSpace(string(b))
 }
