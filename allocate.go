@@ -16,6 +16,10 @@ import (
 // owner. The broker checks the split and reports an allocator that breaks
 // this rule, naming it. Allocate must not modify its inputs or panic; the
 // returned slice is the caller's.
+//
+// Allocator is a building block (see the package doc): the members and
+// queues may be a foreign system's workers and partitions (see the
+// example).
 type Allocator interface {
 	Allocate(group, self string, queues []QueueID, members []string) []QueueID
 }

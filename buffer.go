@@ -115,7 +115,9 @@ type bufEntry struct {
 // or the next fetched offset when nothing is unfinished), and the lock
 // ordered consumption holds while handling ([Buffer.Lock]).
 //
-// A Buffer is safe for concurrent use. It starts no goroutine.
+// A Buffer is safe for concurrent use. It starts no goroutine. It is a
+// building block (see the package doc): a fetch loop of your own can
+// drive it, as the example shows.
 type Buffer struct {
 	cfg       BufferConfig
 	highMsgs  int

@@ -134,6 +134,34 @@
 // others ([SharedStorage]), and [Block] release counts every group with
 // a cursor in the store ([CursorGroups]).
 //
+// # Building blocks for other brokers
+//
+// Some exported names are parts for a broker of your own, usable without
+// a [Broker] and public by design (an API cleanup that finds no caller of
+// them in Ferry itself must keep them):
+//
+//   - messages: [EnhancedMessage], [Message], [MessageID] ([NewMessageID]),
+//     [Origin], [QueueID], [TopicMeta] and [Retention]; package codec
+//     encodes a message for a store or a wire of your own;
+//   - routing: [Router], [RouterFunc], [KeyHashRouter] (the partition
+//     Kafka's clients pick for a key) and [RoundRobinRouter];
+//   - allocation: [Allocator], [AllocatorFunc], [AllocateAveragely],
+//     [AllocateAveragelyByCircle], [AllocateConsistentHash] and
+//     [AllocateByConfig];
+//   - flow control: [Buffer] and [BufferConfig], between a fetch loop of
+//     your own and its handlers (watermarks, MaxSpan, [Buffer.Committable],
+//     the ordered-consumption [Buffer.Lock]);
+//   - logs: [Queue] ([WritableQueue], [ReadableQueue]) with
+//     [NewMemoryQueue], and filestore's queues; [Storage] with
+//     [NewMemoryStorage];
+//   - progress: [Cursor], [Cursors], [CursorStore] and
+//     [MemoryCursorStore].
+//
+// The examples of [Router], [Allocator] and [Buffer], the codec example
+// and filestore's Store.OpenQueue example use each alone; the module
+// examples/remote builds a partition served over the network from them,
+// on which an unmodified Broker runs.
+//
 // # For store and coordinator implementers
 //
 // A user needs none of what follows; an author of a [Storage],

@@ -5,7 +5,9 @@ import (
 	"io"
 )
 
-// WritableQueue is the write side of a queue.
+// WritableQueue is the write side of a queue. It is a building block
+// (see the package doc): a WritableQueue of your own may send the batch
+// to a partition elsewhere, as the module examples/remote does.
 //
 // Implementations must be safe for concurrent use. A nil ctx is
 // [ErrInvalidOption].

@@ -13,6 +13,9 @@ import (
 // use and should not block. The producer checks the result: an error or an
 // index out of range fails the send with [ErrInvalidRoute] naming the
 // router, and nothing is written.
+//
+// Router is a building block (see the package doc): it routes a foreign
+// system's records as well as Ferry's messages (see the example).
 type Router interface {
 	Select(m *EnhancedMessage, meta TopicMeta) (int, error)
 }
