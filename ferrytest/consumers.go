@@ -128,7 +128,11 @@ func (f ConsumerFeatures) scale(n, floor int) int {
 //     commits what it yielded; a cancelled context ends it.
 //   - PullAndPushShareAGroup: a pull and a push member split a group.
 //   - Churn: members join and leave between produced batches; nothing is
-//     lost and, every release draining fully, nothing handled twice.
+//     lost and, every release draining fully, nothing handled twice over
+//     a [ferry.HandoffCursorStore] (a revoke stops a taken batch, and only
+//     the finished set tells the next owner which later messages
+//     finished: over another store they are delivered again, which the
+//     subtest logs).
 //   - ChurnModel: a model-based churn test: members of a concurrent and
 //     an ordered group join, leave, crash and restart at random while
 //     handlers fail, panic, dead-letter and stall; a tracker checks, as
@@ -767,5 +771,9 @@ func (s *consumerSuite) churn(e *env) {
 		must(t, cn.Close(), "close")
 	}
 	check(t, c.Distinct() == n, "nothing lost: %d of %d handled", c.Distinct(), n)
-	check(t, c.Duplicates() == 0, "fully drained releases redeliver nothing: %d duplicates", c.Duplicates())
+	if _, exact := e.be.Cursors.(ferry.HandoffCursorStore); exact {
+		check(t, c.Duplicates() == 0, "fully drained releases redeliver nothing: %d duplicates", c.Duplicates())
+	} else {
+		t.Logf("%d duplicates: %T is no ferry.HandoffCursorStore, so hand-overs are at least once", c.Duplicates(), e.be.Cursors)
+	}
 }
