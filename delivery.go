@@ -260,7 +260,7 @@ func (d *deliverer) serve(w *worker, r *queueRun, it *retryItem) {
 			it.r.buf.Done(it.msg)
 			m.finished(it.r)
 			if m.cfg.orderedByKey {
-				d.handleChain(dctx, it.r, d.nextOfKey(it.r, it.msg.Key))
+				d.handleChain(dctx, it.r, d.nextOfKey(it.r, it.msg.Key), nil)
 				dctx.flush(d)
 			}
 		}

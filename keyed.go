@@ -1,6 +1,9 @@
 package ferry
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // Per-key order (OrderedByKey): a worker takes a share of a queue's
 // pending messages, as in concurrent mode, and hands each to a handler
@@ -44,7 +47,9 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 	dctx := w.dctx
 	dctx.Context = r.hctx
 	k := r.keys
-	for range keyedTurns {
+	woke := false
+	fin := w.finished[:0] // finished, to mark done together
+	for turn := range keyedTurns {
 		k.mu.Lock()
 		if k.ready.len() == 0 && r.admits() {
 			n, _ := r.buf.takeShare(w.batch, m.cfg.concurrency, 1)
@@ -64,20 +69,38 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 		if k.ready.len() > 0 {
 			msg = k.ready.pop()
 		}
-		more := k.ready.len() > 0
+		more := k.ready.len()
 		k.mu.Unlock()
-		if more || r.buf.Pending() > 0 {
-			m.sched.push(r) // for another worker, beside this one
-		}
 		if msg == nil {
 			break
+		}
+		// Another worker is worth waking for more than this one gets to
+		// in its turns, or for handlers that take long.
+		if !woke && more > 0 && (more > keyedTurns-turn-1 || !d.measured.Load() || int64(more)*d.cost.Load() > int64(shareBudget)) {
+			m.sched.push(r)
+			woke = true
 		}
 		if !r.admit() {
 			d.abandonKey(r, msg)
 			r.dropWaiting()
 			break
 		}
-		d.handleChain(dctx, r, msg)
+		w.seq++
+		timed := !d.measured.Load() || w.seq%16 == 0
+		var start time.Time
+		if timed {
+			start = time.Now()
+		}
+		if n := d.handleChain(dctx, r, msg, &fin); timed && n > 0 {
+			d.record(time.Since(start), n)
+		}
+		if len(fin) >= maxAlone {
+			fin = d.finishAll(r, fin)
+		}
+	}
+	w.finished = d.finishAll(r, fin)
+	if r.keys.hasReady() || r.buf.Pending() > 0 {
+		m.sched.push(r) // what this worker left
 	}
 	dctx.flush(d)
 }
@@ -85,20 +108,41 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 // handleChain handles msg, then its key's waiting messages one after the
 // other, until the key has none waiting (it is free again) or one stays
 // in flight (a retry is scheduled: the key waits for it).
-func (d *deliverer) handleChain(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage) {
+// It returns how many handler calls it made. The messages it finishes go
+// to *fin, for the caller to mark done (see finishAll), or, with a nil
+// fin, are marked done at once.
+func (d *deliverer) handleChain(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage, fin *[]*EnhancedMessage) (calls int) {
 	m := d.m
 	for msg != nil {
 		if !r.admit() {
 			d.abandonKey(r, msg)
-			return
+			return calls
 		}
+		calls++
 		if !d.handle(dctx, r, msg, d.firstAttempt(msg)) {
-			return // in flight (a retry scheduled, its key waiting), or given back
+			return calls // in flight (a retry scheduled, its key waiting), or given back
 		}
-		r.buf.Done(msg)
-		m.finished(r)
+		if fin != nil {
+			*fin = append(*fin, msg)
+		} else {
+			r.buf.Done(msg)
+			m.finished(r)
+		}
 		msg = d.nextOfKey(r, msg.Key)
 	}
+	return calls
+}
+
+// finishAll marks fin done in r's buffer (one lock, one commit) and
+// returns it emptied.
+func (d *deliverer) finishAll(r *queueRun, fin []*EnhancedMessage) []*EnhancedMessage {
+	if len(fin) == 0 {
+		return fin
+	}
+	r.buf.Done(fin...)
+	d.m.finished(r)
+	clear(fin)
+	return fin[:0]
 }
 
 // nextOfKey returns the next message waiting behind key, or frees the key
