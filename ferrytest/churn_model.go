@@ -18,7 +18,8 @@ import (
 
 // churnModel is the model-based churn test of [TestConsumers]. Members of two groups on one
 // topic — "conc" (push consumers, concurrent, beside pull consumers) and
-// "ord" (push consumers, Ordered) — join, leave, crash-close and restart
+// "ord" (push consumers, Ordered) — and a third, "key" (push consumers,
+// OrderedByKey) — join, leave, crash-close and restart
 // at random, pause and resume queues, and (over a Backend with Expire)
 // lose their leases with their sessions, while a producer sends keyed
 // batches; handlers fail
@@ -46,7 +47,8 @@ import (
 //     batch handled after the give-up);
 //   - order (group "ord"): no offset is entered before every lower offset
 //     of its queue finished (handled, or dead-lettered); calls of the same
-//     offset again are fine. No drain-timeout excuse is needed here: the
+//     offset again are fine. Group "key": the same per key (a queue's
+//     lower offsets of the entering message's key). No drain-timeout excuse is needed here: the
 //     next owner starts at the committed cursor, at or below any offset the
 //     old owner abandoned, and a stale call of the old owner is an overlap;
 //   - cursor-backwards: a committed cursor never moves back (no reset is
@@ -103,8 +105,11 @@ const (
 	stallTimeout  = 3 * time.Second // no progress for this long while unsettled is a stall
 )
 
-// churnGroups maps each group to whether it is ordered.
-var churnGroups = map[string]bool{"conc": false, "ord": true}
+// churnGroups maps each group to whether it is ordered (per queue).
+var churnGroups = map[string]bool{"conc": false, "ord": true, "key": false}
+
+// churnKeyed is the group ordered by key (ferry.OrderedByKey).
+const churnKeyed = "key"
 
 // fate is what the handler does with a message, by its unique id.
 type fate int
@@ -231,6 +236,7 @@ func (c *churn) run(rounds int) {
 		}
 		c.join("conc", false, false)
 		c.join("ord", false, false)
+		c.join(churnKeyed, false, false)
 		for range churnSteps {
 			c.produce(1 + c.rng.IntN(20))
 			c.step()
@@ -427,10 +433,13 @@ func (c *churn) loseStep() {
 }
 
 func (c *churn) pickGroup() string {
-	if c.rng.IntN(2) == 0 {
+	switch c.rng.IntN(3) {
+	case 0:
 		return "conc"
+	case 1:
+		return "ord"
 	}
-	return "ord"
+	return churnKeyed
 }
 
 func (c *churn) count(group string) int {
@@ -490,8 +499,11 @@ func (c *churn) join(group string, pull, fragile bool) {
 	c.tr.setWorkers(id, workers)
 	opts = append(opts, ferry.WithConcurrency(workers),
 		ferry.WithRetry(4, 200*time.Microsecond), ferry.WithMaxRetryBackoff(time.Millisecond))
-	if churnGroups[group] {
+	switch {
+	case churnGroups[group]:
 		opts = append(opts, ferry.Ordered())
+	case group == churnKeyed:
+		opts = append(opts, ferry.OrderedByKey())
 	}
 	if fragile {
 		opts = append(opts, ferry.WithDrainTimeout(time.Millisecond))

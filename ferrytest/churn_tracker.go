@@ -142,6 +142,7 @@ func (q *queueTrack) advance() {
 type groupTrack struct {
 	name    string
 	ordered bool
+	keyed   bool // ordered per key (churnKeyed)
 	queues  []*queueTrack
 }
 
@@ -181,7 +182,7 @@ func newTracker(queues int, groups map[string]bool) *tracker {
 		stale:     map[string]int{},
 	}
 	for name, ordered := range groups {
-		g := &groupTrack{name: name, ordered: ordered}
+		g := &groupTrack{name: name, ordered: ordered, keyed: name == churnKeyed}
 		for range queues {
 			g.queues = append(g.queues, &queueTrack{inside: map[*call]struct{}{}, cursor: -1})
 		}
@@ -283,6 +284,16 @@ func (tr *tracker) enter(group, member string, queue int, off int64, body string
 		if o.retry == retry && o.member != member && !o.givenUp() && stale == "" {
 			tr.violateLocked(violOverlap, "group %s queue %d: member %s entered offset %d (attempt %d)%s while member %s is inside offset %d (attempt %d), which no drain timeout gave up; inside now: %v",
 				group, queue, member, off, attempt, stale, o.member, o.offset, o.attempt, insideList(qt))
+		}
+	}
+	if g.keyed {
+		key := bodyKey(body)
+		for lo := off - 1; lo >= qt.prefix; lo-- {
+			if bodyKey(tr.producedLocked(queue, lo)) == key && !qt.rec(lo).finished() {
+				tr.violateLocked(violOrder, "group %s queue %d: member %s entered offset %d (attempt %d) of key %s before its offset %d finished (history of %d: %s); inside now: %v",
+					group, queue, member, off, attempt, key, lo, lo, strings.Join(qt.rec(lo).hist, ", "), insideList(qt))
+				break
+			}
 		}
 	}
 	if g.ordered && off > qt.prefix {
@@ -737,3 +748,11 @@ func (h trackLog) Handle(_ context.Context, r slog.Record) error {
 }
 func (h trackLog) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h trackLog) WithGroup(string) slog.Handler      { return h }
+
+// bodyKey returns the key the churn test sent body with ("" for none).
+func bodyKey(body string) string {
+	if body == "" {
+		return ""
+	}
+	return "k" + strconv.FormatUint(bodyID([]byte(body))%churnKeys, 10)
+}
