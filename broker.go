@@ -142,6 +142,11 @@ func NewBroker(opts ...BrokerOption) (*Broker, error) {
 			}
 		}
 	}
+	if !b.ownsStorage {
+		// Other brokers may share the storage: the levels they make are
+		// this broker's to move too (see discoverLoop).
+		b.delay.discovering()
+	}
 	return b, nil
 }
 

@@ -374,3 +374,80 @@ func (d *delayer) close() {
 	clear(d.parked)
 	d.mu.Unlock()
 }
+
+// discoverEvery is how often a broker over a storage that other brokers
+// may share looks for delay levels it does not move yet.
+const discoverEvery = time.Second
+
+// discovering starts the discovery loop: every broker over a shared
+// storage serves every delay level, those another broker made after it
+// started included, so that delayed messages (and retries, which wait in
+// the levels) do not die with the broker that placed them. Each level's
+// mover holds the level's lock in the coordinator: one broker moves it,
+// and another takes it over when that one closes or its lease expires.
+func (d *delayer) discovering() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return
+	}
+	d.wg.Add(1)
+	go d.discoverLoop()
+}
+
+// discoverLoop runs discover every discoverEvery until every level moves
+// here or the broker closes.
+func (d *delayer) discoverLoop() {
+	defer d.wg.Done()
+	t := time.NewTicker(discoverEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			if d.discover() {
+				return
+			}
+		case <-d.ctx.Done():
+			return
+		}
+	}
+}
+
+// discover starts the movers of the levels the storage holds and this
+// broker does not move yet; it reports whether every level moves here.
+func (d *delayer) discover() (all bool) {
+	d.mu.Lock()
+	missing := 0
+	for _, lv := range d.levels {
+		if lv == nil {
+			missing++
+		}
+	}
+	d.mu.Unlock()
+	if missing == 0 {
+		return true
+	}
+	metas, err := d.b.storage.Topics(d.ctx)
+	if err != nil {
+		if d.ctx.Err() == nil {
+			d.b.log.Warn("ferry: delayed delivery: listing the topics for delay levels", "err", err)
+		}
+		return false
+	}
+	for _, meta := range metas {
+		n, ok := delayLevelOf(meta.Name)
+		if !ok {
+			continue
+		}
+		d.mu.Lock()
+		running := d.levels[n] != nil
+		d.mu.Unlock()
+		if running {
+			continue
+		}
+		if _, err := d.run(n); err != nil && d.ctx.Err() == nil {
+			d.b.log.Warn("ferry: delayed delivery: starting a level another broker made", "level", n, "err", err)
+		}
+	}
+	return false
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/ferrytest"
 )
 
 // Users cannot create, write to, grow or delete system topics (before,
@@ -330,4 +332,103 @@ func TestFullTargetStallsNoOtherDelay(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []string{"fills it", "a", "b", "c"}, order)
+}
+
+// Delays and retries do not die with the broker that placed them: b2,
+// started before any delay level existed, moves the levels b1 made once
+// b1 closes, and its member of the group gets the retries b1's member
+// wrote (before: 0 of 20 delayed messages and 0 of 10 retries arrived).
+func TestDelaysOutliveTheirBroker(t *testing.T) {
+	ctx := context.Background()
+	storage, cursors, coord := ferry.NewMemoryStorage(), ferry.NewMemoryCursorStore(), ferry.NewMemoryCoordinator()
+	defer storage.Close()
+	defer coord.Close()
+	open := func() *ferry.Broker {
+		b, err := ferry.NewBroker(ferry.WithStorage(storage), ferry.WithCursorStore(cursors), ferry.WithCoordinator(coord))
+		require.NoError(t, err)
+		return b
+	}
+	b2 := open()
+	defer b2.Close()
+	b1 := open()
+	require.NoError(t, b1.CreateTopic(ctx, ferry.TopicMeta{Name: "t", Queues: 2}))
+	require.NoError(t, b1.CreateTopic(ctx, ferry.TopicMeta{Name: "work", Queues: 2}))
+
+	var mu sync.Mutex
+	delayed := map[string]bool{}
+	attempts := map[string][]int{}
+	wake := make(chan struct{}, 1)
+	note := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	handler := func(fail bool) ferry.Handler {
+		return ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+			d, _ := ferry.DeliveryFrom(ctx)
+			mu.Lock()
+			attempts[string(m.Body)] = append(attempts[string(m.Body)], d.Attempt)
+			mu.Unlock()
+			note()
+			if fail && d.Attempt == 1 {
+				return errors.New("once")
+			}
+			return nil
+		})
+	}
+	w1, err := b1.NewConsumer("g", "work", handler(true), ferry.WithRetry(3, 300*time.Millisecond), ferry.WithMemberID("w1"))
+	require.NoError(t, err)
+	require.NoError(t, w1.Start(ctx))
+	p, err := b1.NewProducer()
+	require.NoError(t, err)
+	for i := range 20 {
+		_, err := p.Send(ctx, &ferry.Message{Topic: "t", Key: strconv.Itoa(i), Body: []byte("d" + strconv.Itoa(i)), DeliverAt: time.Now().Add(300 * time.Millisecond)})
+		require.NoError(t, err)
+	}
+	for i := range 10 {
+		_, err := p.Send(ctx, &ferry.Message{Topic: "work", Key: strconv.Itoa(i), Body: []byte("r" + strconv.Itoa(i))})
+		require.NoError(t, err)
+	}
+	ferrytest.WaitFor(t, 0, "every first attempt on b1", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(attempts) == 10
+	}, wake)
+	require.NoError(t, p.Close())
+	require.NoError(t, w1.Close())
+	require.NoError(t, b1.Close())
+
+	c, err := b2.NewConsumer("d", "t", ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		mu.Lock()
+		delayed[string(m.Body)] = true
+		mu.Unlock()
+		note()
+		return nil
+	}))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	w2, err := b2.NewConsumer("g", "work", handler(true), ferry.WithRetry(3, 300*time.Millisecond), ferry.WithMemberID("w2"))
+	require.NoError(t, err)
+	require.NoError(t, w2.Start(ctx))
+	defer w2.Close()
+	ferrytest.WaitFor(t, 20*time.Second, "the delayed messages and retries b1 placed, through b2", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(delayed) < 20 {
+			return false
+		}
+		for i := range 10 {
+			if len(attempts["r"+strconv.Itoa(i)]) < 2 {
+				return false
+			}
+		}
+		return true
+	}, wake)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range 10 {
+		assert.Equal(t, []int{1, 2}, attempts["r"+strconv.Itoa(i)], "r%d", i)
+	}
 }
