@@ -49,7 +49,7 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 	k := r.keys
 	woke := false
 	fin := w.finished[:0] // finished, to mark done together
-	for turn := range keyedTurns {
+	for range keyedTurns {
 		k.mu.Lock()
 		if k.ready.len() == 0 && r.admits() {
 			n, _ := r.buf.takeShare(w.batch, m.cfg.concurrency, 1)
@@ -65,37 +65,53 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 			}
 			clear(w.batch[:n])
 		}
-		var msg *EnhancedMessage
-		if k.ready.len() > 0 {
-			msg = k.ready.pop()
+		// Cheap handlers: several ready messages per lock.
+		take := 1
+		if d.measured.Load() && d.cost.Load()*maxAlone <= int64(shareBudget) {
+			take = maxAlone
+		}
+		todo := w.batch[:0]
+		for len(todo) < take && k.ready.len() > 0 {
+			todo = append(todo, k.ready.pop())
 		}
 		more := k.ready.len()
 		k.mu.Unlock()
-		if msg == nil {
+		if len(todo) == 0 {
 			break
 		}
-		// Another worker is worth waking for more than this one gets to
-		// in its turns, or for handlers that take long.
-		if !woke && more > 0 && (more > keyedTurns-turn-1 || !d.measured.Load() || int64(more)*d.cost.Load() > int64(shareBudget)) {
+		// Another worker is worth waking when what is ready would take
+		// this one longer than shareBudget (as in concurrent mode); what
+		// is left when its turns end is listed for the next (below).
+		if !woke && more > 0 && (!d.measured.Load() || int64(more)*d.cost.Load() > int64(shareBudget)) {
 			m.sched.push(r)
 			woke = true
 		}
-		if !r.admit() {
-			d.abandonKey(r, msg)
-			r.dropWaiting()
+		stopped := false
+		for i, msg := range todo {
+			if !r.admit() {
+				for _, left := range todo[i:] {
+					d.abandonKey(r, left)
+				}
+				r.dropWaiting()
+				stopped = true
+				break
+			}
+			w.seq++
+			timed := !d.measured.Load() || w.seq%16 == 0
+			var start time.Time
+			if timed {
+				start = time.Now()
+			}
+			if n := d.handleChain(dctx, r, msg, &fin); timed && n > 0 {
+				d.record(time.Since(start), n)
+			}
+			if len(fin) >= maxAlone {
+				fin = d.finishAll(r, fin)
+			}
+		}
+		clear(todo)
+		if stopped {
 			break
-		}
-		w.seq++
-		timed := !d.measured.Load() || w.seq%16 == 0
-		var start time.Time
-		if timed {
-			start = time.Now()
-		}
-		if n := d.handleChain(dctx, r, msg, &fin); timed && n > 0 {
-			d.record(time.Since(start), n)
-		}
-		if len(fin) >= maxAlone {
-			fin = d.finishAll(r, fin)
 		}
 	}
 	w.finished = d.finishAll(r, fin)
