@@ -21,8 +21,8 @@ import (
 // "ord" (push consumers, Ordered) — and a third, "key" (push consumers,
 // OrderedByKey) — join, leave, crash-close and restart
 // at random, pause and resume queues, and (over a Backend with Expire)
-// lose their leases with their sessions, while a producer sends keyed
-// batches; handlers fail
+// lose their leases with their sessions, and the topic gains queues
+// (AddQueues), while a producer sends keyed batches; handlers fail
 // transiently (the first attempt of some offsets), permanently
 // (ferry.Permanent), panic (first attempt) or take a while (some ignoring
 // their context), and the first dead-letter write of some permanent
@@ -192,15 +192,18 @@ type churn struct {
 	members []*churnMember
 	seq     int
 	nextID  uint64
-	// pauses and losses count the Pause and Expire steps made.
-	pauses, losses int
+	// queues is the topic's queue count, grown by AddQueues steps.
+	queues int
+	// pauses, losses and grows count the Pause, Expire and AddQueues
+	// steps made.
+	pauses, losses, grows int
 }
 
 func newChurn(t *testing.T, w *watchdog, be Backend, seed, stream uint64) *churn {
 	c := &churn{
 		t: t, w: w, seed: seed, be: be, isOpen: true, persistent: be.Reopen != nil,
 		rng: rand.New(rand.NewPCG(seed, stream)),
-		tr:  newTracker(churnQueues, churnGroups),
+		tr:  newTracker(churnQueues, churnGroups), queues: churnQueues,
 	}
 	t.Cleanup(c.closeAll)
 	return c
@@ -273,7 +276,7 @@ func (c *churn) run(rounds int) {
 		}
 		c.w.progress()
 	}
-	c.t.Logf("reopen %v: %d messages, %d pauses, %d sessions expired, violations: %s", c.persistent, c.nextID, c.pauses, c.losses, c.tr.summary())
+	c.t.Logf("reopen %v: %d messages, %d pauses, %d sessions expired, %d queues added, violations: %s", c.persistent, c.nextID, c.pauses, c.losses, c.grows, c.tr.summary())
 }
 
 // open opens the Backend again if it was closed, a broker over it
@@ -296,11 +299,11 @@ func (c *churn) open() {
 	must(t, err, "new broker")
 	c.b = b
 	ctx := context.Background()
-	must(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: churnTopic, Queues: churnQueues}), "create topic")
+	must(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: churnTopic, Queues: c.queues}), "create topic")
 	c.p, err = b.NewProducer()
 	must(t, err, "new producer")
 
-	for q := range churnQueues {
+	for q := range c.queues {
 		rq, err := b.Queue(churnTopic, q)
 		must(t, err, "queue")
 		if _, next := rq.Offsets(); next != c.tr.next(q) {
@@ -308,7 +311,7 @@ func (c *churn) open() {
 		}
 	}
 	for g := range churnGroups {
-		offs, err := cursors.Load(ctx, churnTopic, g, churnQueues)
+		offs, err := cursors.Load(ctx, churnTopic, g, c.queues)
 		must(t, err, "load cursors")
 		for q, off := range offs {
 			if want := c.tr.cursor(g, q); off != want {
@@ -339,7 +342,7 @@ func (c *churn) produce(n int) {
 
 // step makes one random membership change, or none.
 func (c *churn) step() {
-	switch a := c.rng.IntN(10); {
+	switch a := c.rng.IntN(11); {
 	case a < 3:
 		g := c.pickGroup()
 		if c.count(g) >= churnMax {
@@ -366,9 +369,26 @@ func (c *churn) step() {
 		}
 	case a < 9:
 		c.pauseStep()
-	default:
+	case a < 10:
 		c.loseStep()
+	default:
+		c.growStep()
 	}
+}
+
+// growStep adds a queue to the topic (now and then, up to three): the
+// members rebalance over it, keys hash anew, and the retry topic keeps
+// its count.
+func (c *churn) growStep() {
+	if c.queues >= churnQueues+3 || c.rng.IntN(3) != 0 {
+		return
+	}
+	c.tr.grow(c.queues + 1) // before the first message routed to it
+	if err := c.b.AddQueues(context.Background(), churnTopic, c.queues+1); err != nil {
+		c.fatal("AddQueues to %d: %v", c.queues+1, err)
+	}
+	c.queues++
+	c.grows++
 }
 
 // pauseStep pauses one queue of a member, or resumes every queue of a
@@ -383,7 +403,7 @@ func (c *churn) pauseStep() {
 		c.resume(m)
 		return
 	}
-	q := ferry.QueueID{Topic: churnTopic, Queue: c.rng.IntN(churnQueues)}
+	q := ferry.QueueID{Topic: churnTopic, Queue: c.rng.IntN(c.queues)}
 	var err error
 	if m.pull {
 		err = m.pc.Pause(q)
@@ -741,7 +761,7 @@ func (c *churn) readDeadLetters() {
 func (c *churn) checkCursorsAtEnd(round int) {
 	cursors := c.be.Cursors
 	for g := range churnGroups {
-		offs, err := cursors.Load(context.Background(), churnTopic, g, churnQueues)
+		offs, err := cursors.Load(context.Background(), churnTopic, g, c.queues)
 		must(c.t, err, "load cursors")
 		for q, off := range offs {
 			if next := c.tr.next(q); off != next {

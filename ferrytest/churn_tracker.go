@@ -756,3 +756,17 @@ func bodyKey(body string) string {
 	}
 	return "k" + strconv.FormatUint(bodyID([]byte(body))%churnKeys, 10)
 }
+
+// grow makes room for queues queues (the topic gained some).
+func (tr *tracker) grow(queues int) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for len(tr.produced) < queues {
+		tr.produced = append(tr.produced, nil)
+	}
+	for _, g := range tr.groups {
+		for len(g.queues) < queues {
+			g.queues = append(g.queues, &queueTrack{inside: map[*call]struct{}{}, cursor: -1})
+		}
+	}
+}
