@@ -301,6 +301,8 @@ func (r *queueRun) seek(req seekReq) {
 	err := r.commitCursor(r.ctx, req.to, nil)
 	if err == nil {
 		r.committed = req.to
+	} else if r.ctx.Err() != nil {
+		err = fmt.Errorf("queue given up while seeking: %w", ErrClosed) // a revoke or a loss came first
 	}
 	r.commitMu.Unlock()
 	if err == nil {

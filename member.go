@@ -293,8 +293,15 @@ func (m *groupMember) close() error {
 // queue (those assigned later too) when ids is empty. A queue of another
 // topic or out of range is ErrInvalidOption, and nothing changes.
 func (m *groupMember) pause(p bool, ids []QueueID) error {
+	queues := -1 // unknown before the member joined
+	if v := m.view.Load(); v != nil {
+		queues = len(v.ids)
+	}
+	if t, err := m.b.topic(m.topic); err == nil {
+		queues = max(queues, len(t.queues)) // AddQueues shows here before in the view
+	}
 	for _, id := range ids {
-		if v := m.view.Load(); id.Topic != m.topic || id.Queue < 0 || (v != nil && id.Queue >= len(v.ids)) {
+		if id.Topic != m.topic || id.Queue < 0 || (queues >= 0 && id.Queue >= queues) {
 			return fmt.Errorf("%w: queue %s is not one of topic %q", ErrInvalidOption, id, m.topic)
 		}
 	}

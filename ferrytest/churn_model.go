@@ -21,8 +21,9 @@ import (
 // "ord" (push consumers, Ordered) — and a third, "key" (push consumers,
 // OrderedByKey) — join, leave, crash-close and restart
 // at random, pause and resume queues, and (over a Backend with Expire)
-// lose their leases with their sessions, and the topic gains queues
-// (AddQueues), while a producer sends keyed batches; handlers fail
+// lose their leases with their sessions, the topic gains queues
+// (AddQueues), and members seek queues back to their committed cursor,
+// while a producer sends keyed batches; handlers fail
 // transiently (the first attempt of some offsets), permanently
 // (ferry.Permanent), panic (first attempt) or take a while (some ignoring
 // their context), and the first dead-letter write of some permanent
@@ -196,7 +197,7 @@ type churn struct {
 	queues int
 	// pauses, losses and grows count the Pause, Expire and AddQueues
 	// steps made.
-	pauses, losses, grows int
+	pauses, losses, grows, seeks int
 }
 
 func newChurn(t *testing.T, w *watchdog, be Backend, seed, stream uint64) *churn {
@@ -276,7 +277,7 @@ func (c *churn) run(rounds int) {
 		}
 		c.w.progress()
 	}
-	c.t.Logf("reopen %v: %d messages, %d pauses, %d sessions expired, %d queues added, violations: %s", c.persistent, c.nextID, c.pauses, c.losses, c.grows, c.tr.summary())
+	c.t.Logf("reopen %v: %d messages, %d pauses, %d sessions expired, %d queues added, %d seeks, violations: %s", c.persistent, c.nextID, c.pauses, c.losses, c.grows, c.seeks, c.tr.summary())
 }
 
 // open opens the Backend again if it was closed, a broker over it
@@ -342,7 +343,7 @@ func (c *churn) produce(n int) {
 
 // step makes one random membership change, or none.
 func (c *churn) step() {
-	switch a := c.rng.IntN(11); {
+	switch a := c.rng.IntN(12); {
 	case a < 3:
 		g := c.pickGroup()
 		if c.count(g) >= churnMax {
@@ -371,8 +372,47 @@ func (c *churn) step() {
 		c.pauseStep()
 	case a < 10:
 		c.loseStep()
-	default:
+	case a < 11:
 		c.growStep()
+	default:
+		c.seekStep()
+	}
+}
+
+// seekStep seeks a queue a push member holds back to its group's last
+// committed cursor: what finished after it is handled again (at least
+// once), in order for the ordered groups, and the seek's commit is the
+// one allowed to move the cursor back.
+func (c *churn) seekStep() {
+	m := c.pick("", func(m *churnMember) bool { return !m.pull })
+	if m == nil {
+		return
+	}
+	held := m.push.Assigned()
+	if len(held) == 0 {
+		return
+	}
+	q := held[c.rng.IntN(len(held))].Queue
+	to := c.tr.cursor(m.group, q)
+	if to < 0 {
+		return
+	}
+	c.tr.seeking(m.group, q, to)
+	err := c.bounded("seek", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), churnWatchdog)
+		defer cancel()
+		return m.push.Seek(ctx, ferry.ResetToOffsets(map[int]int64{q: to}))
+	})
+	switch {
+	case err == nil:
+		c.seeks++
+	case errors.Is(err, ferry.ErrInvalidOption):
+		c.tr.seeking(m.group, q, -1) // the queue moved before the seek
+	case errors.Is(err, ferry.ErrClosed):
+		// Given up while seeking (a rebalance): the seek's commit may
+		// have landed, and stays excused.
+	default:
+		c.fatal("seek %s queue %d to %d: %v", m.id, q, to, err)
 	}
 }
 
@@ -446,8 +486,11 @@ func (c *churn) loseStep() {
 		return
 	}
 	if m := c.pick("", nil); m != nil {
-		c.tr.expireMember(m.group, m.id)
+		// Expire first: from then on the member admits nothing on the
+		// lost queues (its leases' deadlines passed), so the calls it is
+		// inside when marked are those it started before.
 		c.be.Expire(ferry.GroupKey{Scope: m.group, Topic: churnTopic}, m.id)
+		c.tr.expireMember(m.group, m.id)
 		c.losses++
 	}
 }

@@ -124,6 +124,7 @@ type queueTrack struct {
 	prefix int64 // smallest unfinished offset
 	inside map[*call]struct{}
 	cursor int64 // last committed, -1 for none
+	seekTo int64 // a seek's commit allowed to move the cursor back; -1 for none
 }
 
 func (q *queueTrack) rec(off int64) *offRec {
@@ -184,7 +185,7 @@ func newTracker(queues int, groups map[string]bool) *tracker {
 	for name, ordered := range groups {
 		g := &groupTrack{name: name, ordered: ordered, keyed: name == churnKeyed}
 		for range queues {
-			g.queues = append(g.queues, &queueTrack{inside: map[*call]struct{}{}, cursor: -1})
+			g.queues = append(g.queues, &queueTrack{inside: map[*call]struct{}{}, cursor: -1, seekTo: -1})
 		}
 		tr.groups[name] = g
 	}
@@ -441,11 +442,21 @@ func (tr *tracker) committed(group string, queue int, off int64) {
 		return
 	}
 	qt := g.queues[queue]
-	if off < qt.cursor {
+	if off < qt.cursor && off == qt.seekTo {
+		qt.seekTo = -1 // the seek's own commit
+	} else if off < qt.cursor {
 		tr.violateLocked(violCursor, "group %s queue %d: cursor committed at %d after %d (no reset reported)", group, queue, off, qt.cursor)
 	}
 	qt.cursor = off
 	tr.notifyLocked()
+}
+
+// seeking allows the commit of a Seek of group's queue to to, once, to
+// move the cursor back (to 0 with -1: none).
+func (tr *tracker) seeking(group string, queue int, to int64) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.groups[group].queues[queue].seekTo = to
 }
 
 func (tr *tracker) reset(group string, q ferry.QueueID, from, to int64) {
@@ -766,7 +777,7 @@ func (tr *tracker) grow(queues int) {
 	}
 	for _, g := range tr.groups {
 		for len(g.queues) < queues {
-			g.queues = append(g.queues, &queueTrack{inside: map[*call]struct{}{}, cursor: -1})
+			g.queues = append(g.queues, &queueTrack{inside: map[*call]struct{}{}, cursor: -1, seekTo: -1})
 		}
 	}
 }
