@@ -28,6 +28,7 @@ const (
 	childURL    = "FERRY_NATS_URL"
 	childPrefix = "FERRY_NATS_PREFIX"
 	childTTL    = 2 * time.Second
+	childCalls  = "FERRY_NATS_CALLS" // set: the member reports its calls (see childMain)
 )
 
 // childMain runs one member of group "billing" on topic "orders" until
@@ -62,9 +63,23 @@ func childMain() int {
 		return 2
 	}
 	defer b.Close()
-	c, err := b.NewConsumer("billing", "orders", ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+	h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
 		return nc.Publish(prefix+".handled", []byte(member+" "+string(m.Body)))
-	}), ferry.WithMemberID(member))
+	})
+	opts := []ferry.ConsumerOption{ferry.WithMemberID(member)}
+	if os.Getenv(childCalls) != "" {
+		// Every handler call and every queue taken, with the time, on
+		// "<prefix>.calls" (see TestProcessPause).
+		report := func(what string) {
+			_ = nc.Publish(prefix+".calls", []byte(fmt.Sprintf("%s %s %d", member, what, time.Now().UnixNano())))
+		}
+		h = ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+			report(fmt.Sprintf("call %d %d", m.Queue, m.Offset))
+			return nil
+		})
+		opts = append(opts, ferry.Ordered(), ferry.WithOnAssigned(func(q ferry.QueueID) { report(fmt.Sprintf("assigned %d -1", q.Queue)) }))
+	}
+	c, err := b.NewConsumer("billing", "orders", h, opts...)
 	if err == nil {
 		err = c.Start(ctx)
 	}
@@ -83,10 +98,11 @@ type child struct {
 	done   chan struct{}
 }
 
-func startChild(t *testing.T, c *cluster, prefix, member string) *child {
+func startChild(t *testing.T, c *cluster, prefix, member string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+member, childURL+"="+c.url(), childPrefix+"="+prefix)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
 	ch := &child{member: member, cmd: cmd, done: make(chan struct{})}
