@@ -17,8 +17,15 @@ import (
 	"github.com/ferrymq/ferry"
 )
 
-// Version is the first byte of every encoded message.
-const Version = 1
+// Version is the newest encoding, the first byte of an encoded message
+// that has a [ferry.Message].DedupKey. Version 2 adds the dedup key
+// (after the tag) to version 1; a message without one is encoded in
+// version 1, byte for byte as before, so that earlier versions of Ferry
+// still read it. [Decode] reads both.
+const Version = 2
+
+// version1 is the encoding without a dedup key.
+const version1 = 1
 
 // noTime encodes the zero time.Time.
 const noTime = math.MinInt64
@@ -27,7 +34,11 @@ const noTime = math.MinInt64
 // extended slice. The encoding is versioned: a version byte, the 16-byte ID,
 // then varints and length-prefixed bytes. [Decode] reads it back.
 func Append(dst []byte, m *ferry.EnhancedMessage) []byte {
-	dst = append(dst, Version)
+	if m.DedupKey == "" {
+		dst = append(dst, version1)
+	} else {
+		dst = append(dst, Version)
+	}
 	dst = append(dst, m.ID[:]...)
 	dst = binary.AppendUvarint(dst, uint64(m.Queue))
 	dst = binary.AppendVarint(dst, m.Offset)
@@ -36,6 +47,9 @@ func Append(dst []byte, m *ferry.EnhancedMessage) []byte {
 	dst = appendString(dst, m.Topic)
 	dst = appendString(dst, m.Key)
 	dst = appendString(dst, m.Tag)
+	if m.DedupKey != "" {
+		dst = appendString(dst, m.DedupKey)
+	}
 	dst = appendString(dst, m.BornHost())
 	dst = appendString(dst, m.ProducerName())
 	dst = binary.AppendUvarint(dst, uint64(len(m.Headers)))
@@ -53,6 +67,9 @@ func Size(m *ferry.EnhancedMessage) int {
 		timeLen(m.BornUnixNano) + timeLen(m.StoreUnixNano) +
 		strLen(m.Topic) + strLen(m.Key) + strLen(m.Tag) + strLen(m.BornHost()) + strLen(m.ProducerName()) +
 		uvarintLen(uint64(len(m.Headers))) + uvarintLen(uint64(len(m.Body))) + len(m.Body)
+	if m.DedupKey != "" {
+		n += strLen(m.DedupKey)
+	}
 	for k, v := range m.Headers {
 		n += strLen(k) + strLen(v)
 	}
@@ -71,8 +88,9 @@ const maxHeaderHint = 64
 func Decode(b []byte) (*ferry.EnhancedMessage, int, error) {
 	d := decoder{b: b}
 	m := new(ferry.EnhancedMessage)
-	if v := d.byte(); d.err == nil && v != Version {
-		return nil, 0, fmt.Errorf("%w: codec version %d, want %d", ferry.ErrCorrupt, v, Version)
+	v := d.byte()
+	if d.err == nil && v != version1 && v != Version {
+		return nil, 0, fmt.Errorf("%w: codec version %d, want %d or %d", ferry.ErrCorrupt, v, version1, Version)
 	}
 	copy(m.ID[:], d.bytes(len(m.ID)))
 	q := d.uvarint()
@@ -87,6 +105,13 @@ func Decode(b []byte) (*ferry.EnhancedMessage, int, error) {
 	// strings and the body share.
 	start := d.off
 	topic, key, tag := d.span(), d.span(), d.span()
+	var dedup [2]int
+	if v == Version {
+		dedup = d.span()
+		if d.err == nil && dedup[1] == dedup[0] {
+			d.fail("empty dedup key") // Append writes version 1 then: one encoding per message
+		}
+	}
 	addr, prod := d.span(), d.span()
 	nh := d.uvarint()
 	if nh > uint64(len(d.b)-d.off)/2 { // each header takes at least 2 bytes
@@ -109,7 +134,7 @@ func Decode(b []byte) (*ferry.EnhancedMessage, int, error) {
 		}
 		return unsafe.String(&data[s[0]-start], s[1]-s[0])
 	}
-	m.Topic, m.Key, m.Tag = str(topic), str(key), str(tag)
+	m.Topic, m.Key, m.Tag, m.DedupKey = str(topic), str(key), str(tag), str(dedup)
 	m.Origin = internOrigin(b[prod[0]:prod[1]], b[addr[0]:addr[1]])
 	if nh > 0 {
 		// The count hints the map's size only up to maxHeaderHint: a

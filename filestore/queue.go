@@ -190,10 +190,10 @@ const maxCodecGrowth = 20
 
 // maxCodecFixed bounds what the encoding of a message without headers
 // adds to its Size, its Topic and its Origin's two strings: version, ID,
-// queue, offset, two times, five string lengths and two counts, each
-// varint at most 10 bytes. A message that fits with it needs no exact
-// codec.Size.
-const maxCodecFixed = 1 + 16 + 4*10 + 5*10 + 2*10
+// queue, offset, two times, six string lengths (the dedup key's with
+// version 2) and two counts, each varint at most 10 bytes. A message that
+// fits with it needs no exact codec.Size.
+const maxCodecFixed = 1 + 16 + 4*10 + 6*10 + 2*10
 
 func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bool) (int64, error) {
 	var size int64

@@ -231,10 +231,13 @@ type metaFile struct {
 	MaxBytes    int64  `json:"max_bytes"`
 	MaxAge      int64  `json:"max_age_ns"`
 	Overflow    int    `json:"overflow"`
+	// DedupWindow is absent from the files of earlier versions: zero,
+	// the default window.
+	DedupWindow int64 `json:"dedup_window_ns,omitempty"`
 }
 
 func encodeMeta(m ferry.TopicMeta) []byte {
-	j, _ := json.Marshal(metaFile{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow)})
+	j, _ := json.Marshal(metaFile{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow), int64(m.DedupWindow)})
 	b := binary.LittleEndian.AppendUint32(nil, crc32.Checksum(j, castagnoli))
 	return append(b, j...)
 }
@@ -263,7 +266,7 @@ func readMetaFile(root *os.Root, tdir, name string) (_ ferry.TopicMeta, ok bool,
 	}
 	meta := ferry.TopicMeta{Name: mf.Name, Queues: mf.Queues, Retention: ferry.Retention{
 		MaxMessages: mf.MaxMessages, MaxBytes: mf.MaxBytes, MaxAge: time.Duration(mf.MaxAge), Overflow: ferry.Overflow(mf.Overflow),
-	}}
+	}, DedupWindow: time.Duration(mf.DedupWindow)}
 	if err := meta.Validate(); err != nil || meta.Name != name {
 		return ferry.TopicMeta{}, false, fmt.Errorf("%w: %s: metadata %+v in folder %q", ferry.ErrCorrupt, mpath, meta, name)
 	}
