@@ -195,10 +195,10 @@ func (st *Store) load() error {
 		if err != nil {
 			return err
 		}
-		ret := ferry.TopicMeta{}.Normalized().Retention
 		if ok {
 			st.topics[name] = meta
-			ret = meta.Retention
+		} else {
+			meta = ferry.TopicMeta{Name: name}.Normalized()
 		}
 		qs, err := fs.ReadDir(st.root.FS(), tdir)
 		if err != nil {
@@ -213,7 +213,7 @@ func (st *Store) load() error {
 				continue
 			}
 			id := ferry.QueueID{Topic: name, Queue: i}
-			q, err := st.recoverQueue(id, ret)
+			q, err := st.recoverQueue(id, meta)
 			if err != nil {
 				return err
 			}
@@ -295,7 +295,7 @@ func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int)
 	if err := ctx.Err(); err != nil {
 		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
-	ret := meta.Normalized().Retention
+	meta = meta.Normalized()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
@@ -303,13 +303,16 @@ func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int)
 	}
 	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
 	if q, ok := st.queues[id]; ok {
-		q.setRetention(ret)
+		q.setRetention(meta.Retention)
+		if err := q.setDedupWindow(meta.DedupWindow); err != nil {
+			return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
+		}
 		return q, nil
 	}
 	if err := st.files.mkdirSync(path.Join("topics", meta.Name)); err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
 	}
-	q, err := st.recoverQueue(id, ret)
+	q, err := st.recoverQueue(id, meta)
 	st.scanBuf = nil
 	if err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
@@ -412,6 +415,9 @@ func (st *Store) saveTopic(ctx context.Context, op string, meta ferry.TopicMeta,
 	for id, q := range st.queues {
 		if id.Topic == meta.Name {
 			q.setRetention(meta.Retention)
+			if err := q.setDedupWindow(meta.DedupWindow); err != nil {
+				return &ferry.Error{Op: fmt.Sprintf("filestore: %s %q", op, meta.Name), Err: err}
+			}
 		}
 	}
 	return nil
