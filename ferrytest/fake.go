@@ -269,6 +269,10 @@ func (q *FakeQueue) Read(ctx context.Context, offset int64, dst []*ferry.Enhance
 // Offsets implements [ferry.ReadableQueue].
 func (q *FakeQueue) Offsets() (oldest, next int64) { return q.mem.Offsets() }
 
+// SetDedupWindow sets the window of the queue's deduplication, as
+// [ferry.MemoryQueue.SetDedupWindow] does.
+func (q *FakeQueue) SetDedupWindow(d time.Duration) error { return q.mem.SetDedupWindow(d) }
+
 // DedupWindow implements [ferry.Deduplicator]: the queue deduplicates as
 // a [ferry.MemoryQueue] does, within [ferry.DefaultDedupWindow] (or its
 // topic's window, from a [FakeStorage]).

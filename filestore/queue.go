@@ -87,8 +87,8 @@ type queue struct {
 }
 
 var (
-	_ ferry.Queue     = (*queue)(nil)
-	_ ferry.TryWriter = (*queue)(nil)
+	_ ferry.Queue        = (*queue)(nil)
+	_ ferry.TryWriter    = (*queue)(nil)
 	_ ferry.Releaser     = (*queue)(nil)
 	_ ferry.Deduplicator = (*queue)(nil)
 )
