@@ -219,7 +219,8 @@ func (q *MemoryQueue) dedupe(msgs []*EnhancedMessage, size, now int64) ([]*Enhan
 	q.dups = q.dups[:0]
 	for i, m := range msgs {
 		if m.DedupKey != "" {
-			if e, dup := q.dd.Lookup(m.DedupKey, now); dup {
+			h := dedup.HashKey(m.DedupKey)
+			if e, dup := q.dd.Lookup(h, now); dup {
 				if !copied {
 					keep, copied = append(q.keep[:0], msgs[:i]...), true
 				}
@@ -227,7 +228,7 @@ func (q *MemoryQueue) dedupe(msgs []*EnhancedMessage, size, now int64) ([]*Enhan
 				size -= int64(m.Size())
 				continue
 			}
-			q.dd.Add(m.DedupKey, dedup.Entry{Offset: next, ID: m.ID, Stored: now})
+			q.dd.Add(h, dedup.Entry{Offset: next, ID: m.ID, Stored: now})
 		}
 		next++
 		if copied {

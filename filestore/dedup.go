@@ -85,7 +85,7 @@ func (q *queue) rebuildDedup(w *dedup.Window, now time.Time) error {
 		}
 		for _, m := range buf[:n] {
 			if m.DedupKey != "" && m.StoreUnixNano > cutoff {
-				w.Add(m.DedupKey, dedup.Entry{Offset: m.Offset, ID: m.ID, Stored: m.StoreUnixNano})
+				w.Add(dedup.HashKey(m.DedupKey), dedup.Entry{Offset: m.Offset, ID: m.ID, Stored: m.StoreUnixNano})
 			}
 		}
 		clear(buf[:n])
@@ -108,14 +108,15 @@ func (q *queue) dedupe(msgs []*ferry.EnhancedMessage, now int64) ([]*ferry.Enhan
 	keep, copied := msgs, false // keep aliases msgs until the first duplicate
 	for i, m := range msgs {
 		if m.DedupKey != "" {
-			if e, dup := q.dd.Lookup(m.DedupKey, now); dup {
+			h := dedup.HashKey(m.DedupKey)
+			if e, dup := q.dd.Lookup(h, now); dup {
 				if !copied {
 					keep, copied = append(q.keep[:0], msgs[:i]...), true
 				}
 				m.Queue, m.Offset, m.ID, m.StoreUnixNano = q.id.Queue, e.Offset, e.ID, e.Stored
 				continue
 			}
-			q.dd.Add(m.DedupKey, dedup.Entry{Offset: next, ID: m.ID, Stored: now})
+			q.dd.Add(h, dedup.Entry{Offset: next, ID: m.ID, Stored: now})
 		}
 		next++
 		if copied {
