@@ -54,7 +54,7 @@ type Window struct {
 	// chunks of chunkLen: the list grows and shrinks without copying.
 	// fifo[0][head:] and the later chunks' items are live; the last chunk
 	// is filled to its length.
-	fifo [][]item
+	fifo  [][]item
 	head  int
 	n     int    // live items
 	added int    // items ever added, less those rolled back: Mark's count
