@@ -17,15 +17,16 @@ import (
 	"github.com/ferrymq/ferry"
 )
 
-// Version is the newest encoding, the first byte of an encoded message
-// that has a [ferry.Message].DedupKey. Version 2 adds the dedup key
-// (after the tag) to version 1; a message without one is encoded in
-// version 1, byte for byte as before, so that earlier versions of Ferry
-// still read it. [Decode] reads both.
-const Version = 2
+// Version is the first byte of an encoded message without a
+// [ferry.Message].DedupKey: such a message is encoded byte for byte as
+// before dedup keys existed, so that earlier versions of Ferry (an old
+// broker sharing a store during a rolling upgrade, say) still read it.
+const Version = 1
 
-// version1 is the encoding without a dedup key.
-const version1 = 1
+// VersionDedupKey is the first byte of an encoded message with a
+// DedupKey: [Version]'s layout with the key after the tag. [Decode]
+// reads both.
+const VersionDedupKey = 2
 
 // noTime encodes the zero time.Time.
 const noTime = math.MinInt64
@@ -35,9 +36,9 @@ const noTime = math.MinInt64
 // then varints and length-prefixed bytes. [Decode] reads it back.
 func Append(dst []byte, m *ferry.EnhancedMessage) []byte {
 	if m.DedupKey == "" {
-		dst = append(dst, version1)
-	} else {
 		dst = append(dst, Version)
+	} else {
+		dst = append(dst, VersionDedupKey)
 	}
 	dst = append(dst, m.ID[:]...)
 	dst = binary.AppendUvarint(dst, uint64(m.Queue))
@@ -89,8 +90,8 @@ func Decode(b []byte) (*ferry.EnhancedMessage, int, error) {
 	d := decoder{b: b}
 	m := new(ferry.EnhancedMessage)
 	v := d.byte()
-	if d.err == nil && v != version1 && v != Version {
-		return nil, 0, fmt.Errorf("%w: codec version %d, want %d or %d", ferry.ErrCorrupt, v, version1, Version)
+	if d.err == nil && v != Version && v != VersionDedupKey {
+		return nil, 0, fmt.Errorf("%w: codec version %d, want %d or %d", ferry.ErrCorrupt, v, Version, VersionDedupKey)
 	}
 	copy(m.ID[:], d.bytes(len(m.ID)))
 	q := d.uvarint()
@@ -106,7 +107,7 @@ func Decode(b []byte) (*ferry.EnhancedMessage, int, error) {
 	start := d.off
 	topic, key, tag := d.span(), d.span(), d.span()
 	var dedup [2]int
-	if v == Version {
+	if v == VersionDedupKey {
 		dedup = d.span()
 		if d.err == nil && dedup[1] == dedup[0] {
 			d.fail("empty dedup key") // Append writes version 1 then: one encoding per message

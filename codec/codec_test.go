@@ -162,7 +162,7 @@ func TestCodecRejectsBadInput(t *testing.T) {
 	manyHeaders = append(manyHeaders, make([]byte, 2<<14)...)
 	manyHeaders = append(manyHeaders, 0x7f)
 	// Version 2 with an empty dedup key: Append writes version 1 then.
-	emptyKey := append([]byte{codec.Version}, make([]byte, 16)...)
+	emptyKey := append([]byte{codec.VersionDedupKey}, make([]byte, 16)...)
 	emptyKey = append(emptyKey, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 	cases := map[string][]byte{
 		"many headers then bad body": manyHeaders,
@@ -223,10 +223,11 @@ func TestCodecVersions(t *testing.T) {
 	m := sampleMessages()[2]
 	plain := codec.Append(nil, m)
 	assert.Equal(t, byte(1), plain[0])
+	assert.Equal(t, byte(codec.Version), plain[0])
 	keyed := *m
 	keyed.DedupKey = "d"
 	kb := codec.Append(nil, &keyed)
-	assert.Equal(t, byte(codec.Version), kb[0])
+	assert.Equal(t, byte(codec.VersionDedupKey), kb[0])
 	assert.Equal(t, byte(2), kb[0])
 	assert.Len(t, kb, len(plain)+2, "version 2 adds the key's length and bytes only")
 	got, _, err := codec.Decode(kb)
