@@ -280,7 +280,7 @@ func (pp *pipe) now(ctx context.Context, em *EnhancedMessage, now time.Time, don
 		return false
 	}
 	one := [1]*EnhancedMessage{em}
-	_, err := mq.write(ctx, one[:], false, now)
+	first, err := mq.write(ctx, one[:], false, now)
 	if errors.Is(err, ErrQueueFull) {
 		return false // the pipe waits for room
 	}
@@ -297,8 +297,7 @@ func (pp *pipe) now(ctx context.Context, em *EnhancedMessage, now time.Time, don
 	}
 	p.sent.Add(1)
 	if done != nil {
-		id := QueueID{Topic: em.Topic, Queue: em.Queue}
-		done(SendResult{ID: em.ID, Queue: id, Offset: em.Offset, Target: id}, nil)
+		done(sentResult(em, first), nil)
 	}
 	return true
 }
@@ -415,7 +414,7 @@ func (pp *pipe) begin(batch []*asyncSend) {
 		ems[i] = s.em
 	}
 	ctx, stop := batchContext(live)
-	pp.aw.WriteAsync(ctx, ems, func(_ int64, err error) {
+	pp.aw.WriteAsync(ctx, ems, func(first int64, err error) {
 		stop()
 		<-pp.writes
 		for _, s := range live {
@@ -423,6 +422,9 @@ func (pp *pipe) begin(batch []*asyncSend) {
 				id := QueueID{Topic: s.em.Topic, Queue: s.em.Queue}
 				s.res = SendResult{ID: s.em.ID, Queue: id, Offset: s.em.Offset, Target: id}
 			}
+		}
+		if err == nil {
+			markDuplicates(first, ems, func(i int) *SendResult { return &live[i].res })
 		}
 		pp.complete(r)
 	})
@@ -467,11 +469,12 @@ func (pp *pipe) store(ss []*asyncSend) error {
 	for i, s := range ss {
 		ems[i] = s.em
 	}
+	var first int64
 	var err error
 	if mq, ok := pp.q.(*MemoryQueue); ok {
-		_, err = mq.write(ctx, ems, true, p.b.clock.now())
+		first, err = mq.write(ctx, ems, true, p.b.clock.now())
 	} else {
-		_, err = pp.q.Write(ctx, ems)
+		first, err = pp.q.Write(ctx, ems)
 	}
 	if err != nil {
 		return err
@@ -480,6 +483,7 @@ func (pp *pipe) store(ss []*asyncSend) error {
 		id := QueueID{Topic: s.em.Topic, Queue: s.em.Queue}
 		s.res = SendResult{ID: s.em.ID, Queue: id, Offset: s.em.Offset, Target: id}
 	}
+	markDuplicates(first, ems, func(i int) *SendResult { return &ss[i].res })
 	return nil
 }
 

@@ -11,14 +11,18 @@ import (
 // conformance suites of package ferrytest.
 
 func TestMemoryQueueConformance(t *testing.T) {
-	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true},
+	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true, Dedup: true},
 		func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
-			return ferry.NewMemoryQueue(ferry.QueueID{Topic: meta.Name, Queue: queue}, meta.Retention)
+			q := ferry.NewMemoryQueue(ferry.QueueID{Topic: meta.Name, Queue: queue}, meta.Retention)
+			if err := q.SetDedupWindow(meta.DedupWindow); err != nil {
+				t.Fatal(err)
+			}
+			return q
 		})
 }
 
 func TestMemoryStorageQueueConformance(t *testing.T) {
-	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true},
+	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true, Dedup: true},
 		func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
 			s := ferry.NewMemoryStorage()
 			t.Cleanup(func() { _ = s.Close() })

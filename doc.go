@@ -34,6 +34,14 @@
 //	})
 //	err = p.Flush(ctx)
 //
+// A message with a [Message].DedupKey is stored at most once per queue
+// within its topic's [TopicMeta].DedupWindow (default
+// [DefaultDedupWindow], two minutes; [DedupOff] switches it off): a Send
+// retried after a timeout with the same key reports where the first one
+// went, with [SendResult].Duplicate set, instead of storing it again
+// (Kafka's idempotent producer, JetStream's Nats-Msg-Id). filestore
+// keeps the window across restarts and crashes.
+//
 // # Consuming
 //
 // [Broker.NewConsumer] returns a push [Consumer] that calls a [Handler] for
@@ -173,7 +181,8 @@
 //     [GroupKey], [Clock] and [Timer], and [DeadlineLease] for a lease that
 //     can expire by the clock;
 //   - the optional interfaces the broker finds by type assertion:
-//     [TryWriter], [AsyncWriter] and [Releaser] on a queue, [SharedStorage] and
+//     [TryWriter], [AsyncWriter], [Releaser] and [Deduplicator] (with
+//     [Duplicates]) on a queue, [SharedStorage] and
 //     [TopicDeleter] on a storage, [CursorGroups] (with [Cursor] and
 //     [Cursors]), [FencedCursorStore] and [HandoffCursorStore] (with
 //     [MaxFinishedSet] and [ValidateFinishedSet]) on a cursor store;

@@ -86,6 +86,25 @@ func ExampleProducer_SendAsync() {
 	// [0 1 2]
 }
 
+// A Send retried with the same DedupKey, after a timeout say, stores the
+// message once and reports where it went.
+func ExampleMessage_dedupKey() {
+	ctx := context.Background()
+	b, _ := ferry.NewBroker()
+	defer b.Close()
+	_ = b.CreateTopic(ctx, ferry.TopicMeta{Name: "payments", Queues: 1})
+	p, _ := b.NewProducer()
+	defer p.Close()
+	m := &ferry.Message{Topic: "payments", DedupKey: "payment-7", Body: []byte("10 EUR")}
+	first, _ := p.Send(ctx, m)
+	again, _ := p.Send(ctx, &ferry.Message{Topic: "payments", DedupKey: "payment-7", Body: []byte("10 EUR")})
+	fmt.Println(first.Offset, first.Duplicate)
+	fmt.Println(again.Offset, again.Duplicate, again.ID == first.ID)
+	// Output:
+	// 0 false
+	// 0 true true
+}
+
 func ExampleBroker_CreateTopic() {
 	ctx := context.Background()
 	b, _ := ferry.NewBroker()

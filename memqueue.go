@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/ferrymq/ferry/internal/dedup"
 )
 
 // MemoryQueue is the in-memory [Queue], the default. It keeps message
@@ -15,7 +17,8 @@ import (
 // polling) and enforces its [Retention]: with [DropOldest] the oldest
 // messages go when a bound is exceeded; with [Block] a write waits until
 // [MemoryQueue.Release] lets older messages go. Age is enforced whenever the
-// queue is used; no goroutine runs in the background.
+// queue is used; no goroutine runs in the background. It deduplicates
+// writes by [Message.DedupKey] (see [Deduplicator]).
 //
 // A MemoryQueue is safe for concurrent use.
 type MemoryQueue struct {
@@ -33,20 +36,59 @@ type MemoryQueue struct {
 	parked   []*readWaiter // fetch loops parked at the end (see readParker)
 	space    chan struct{} // closed when room may have appeared
 	closed   bool
+	dd       *dedup.Window      // nil: deduplication off
+	keep     []*EnhancedMessage // scratch of a deduplicated write: what it stores
+	dups     []dupOf            // and what it does not
 }
 
 var (
-	_ Queue      = (*MemoryQueue)(nil)
-	_ TryWriter  = (*MemoryQueue)(nil)
-	_ Releaser   = (*MemoryQueue)(nil)
-	_ readParker = (*MemoryQueue)(nil)
+	_ Queue        = (*MemoryQueue)(nil)
+	_ TryWriter    = (*MemoryQueue)(nil)
+	_ Releaser     = (*MemoryQueue)(nil)
+	_ readParker   = (*MemoryQueue)(nil)
+	_ Deduplicator = (*MemoryQueue)(nil)
 )
 
 // NewMemoryQueue returns an empty queue with the given identity and
-// retention (zero fields take their defaults, see [Retention]).
+// retention (zero fields take their defaults, see [Retention]). It
+// deduplicates within [DefaultDedupWindow]; see
+// [MemoryQueue.SetDedupWindow].
 func NewMemoryQueue(id QueueID, r Retention) *MemoryQueue {
 	r = TopicMeta{Retention: r}.Normalized().Retention
-	return &MemoryQueue{id: id, ret: r}
+	return &MemoryQueue{id: id, ret: r, dd: dedup.New(DefaultDedupWindow)}
+}
+
+// SetDedupWindow sets the queue's deduplication window, as
+// [TopicMeta.DedupWindow] does (zero: [DefaultDedupWindow]; [DedupOff]:
+// off, forgetting the keys). A value [TopicMeta.Validate] refuses is
+// [ErrInvalidOption] and changes nothing.
+func (q *MemoryQueue) SetDedupWindow(d time.Duration) error {
+	meta := TopicMeta{Name: "t", Queues: 1, DedupWindow: d}
+	if err := meta.Validate(); err != nil {
+		return &Error{Op: fmt.Sprintf("set dedup window %s", q.id), Err: fmt.Errorf("%w: dedup window %v", ErrInvalidOption, d)}
+	}
+	d = meta.Normalized().DedupWindow
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case d == DedupOff:
+		q.dd = nil
+	case q.dd == nil:
+		q.dd = dedup.New(d)
+	default:
+		q.dd.SetDuration(d)
+	}
+	return nil
+}
+
+// DedupWindow implements [Deduplicator].
+func (q *MemoryQueue) DedupWindow() time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dd == nil {
+		return 0
+	}
+	return q.dd.Duration()
 }
 
 // ID implements [Queue].
@@ -70,11 +112,13 @@ func (q *MemoryQueue) TryWrite(msgs []*EnhancedMessage) (int64, error) {
 // as StoreTime unless the write waits for room, which saves a clock read.
 func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait bool, now time.Time) (int64, error) {
 	var size int64
+	keyed := false
 	for i, m := range msgs {
 		if m == nil {
 			return 0, &Error{Op: fmt.Sprintf("write %s: message %d", q.id, i), Err: fmt.Errorf("%w: nil", ErrInvalidMessage)}
 		}
 		size += int64(m.Size())
+		keyed = keyed || m.DedupKey != ""
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: err}
@@ -83,6 +127,8 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 	if over(n, q.ret.MaxMessages) || over(size, q.ret.MaxBytes) {
 		return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ErrMessageTooLarge, n, size)}
 	}
+	all, allSize := msgs, size
+	mark := -1 // the window's mark, when this write added keys to it
 	q.mu.Lock()
 	for {
 		if q.closed {
@@ -92,9 +138,16 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		if now.IsZero() {
 			now = stampTime() // one clock read per write: it costs as much as the rest of a small write
 		}
+		if keyed && q.dd != nil {
+			msgs, size, mark = q.dedupe(all, allSize, now.UnixNano())
+			n = int64(len(msgs))
+		}
 		q.trim(now, n, size)
 		if q.ret.Overflow == DropOldest || q.fits(n, size) {
 			break
+		}
+		if mark >= 0 {
+			q.dd.Rollback(mark) // the write waits, and others may go first
 		}
 		if !wait {
 			q.mu.Unlock()
@@ -114,6 +167,9 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		q.mu.Lock()
 	}
 	first := q.base + int64(len(q.msgs)-q.head)
+	if mark >= 0 {
+		q.applyDups()
+	}
 	if n == 0 {
 		q.mu.Unlock()
 		return first, nil
@@ -139,10 +195,68 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 	}
 	q.msgs = append(q.msgs, msgs...)
 	q.bytes += size
+	if mark >= 0 {
+		clear(q.keep)
+		q.keep = q.keep[:0]
+	}
 	q.trim(now, 0, 0)
 	q.wakeReaders()
 	q.mu.Unlock()
 	return first, nil
+}
+
+// dedupe returns the messages of msgs (of size bytes) the write stores,
+// with their size, and adds their keys to the window (from the mark it
+// returns on, to be rolled back if the write does not happen). The
+// duplicates, with the entry of the first message of their key (in the
+// window, or earlier in msgs), go to q.dups for applyDups. now is the
+// write's store time. q.mu must be held.
+func (q *MemoryQueue) dedupe(msgs []*EnhancedMessage, size, now int64) ([]*EnhancedMessage, int64, int) {
+	q.dd.Expire(now)
+	mark := q.dd.Mark()
+	next := q.base + int64(len(q.msgs)-q.head)
+	keep, copied := msgs, false // keep aliases msgs until the first duplicate
+	q.dups = q.dups[:0]
+	for i, m := range msgs {
+		if m.DedupKey != "" {
+			h := dedup.HashKey(m.DedupKey)
+			if e, dup := q.dd.Lookup(h, now); dup {
+				if !copied {
+					keep, copied = append(q.keep[:0], msgs[:i]...), true
+				}
+				q.dups = append(q.dups, dupOf{m, e})
+				size -= int64(m.Size())
+				continue
+			}
+			q.dd.Add(h, dedup.Entry{Offset: next, ID: m.ID, Stored: now})
+		}
+		next++
+		if copied {
+			keep = append(keep, m)
+		}
+	}
+	if copied {
+		q.keep = keep
+	}
+	return keep, size, mark
+}
+
+// dupOf is a message a write does not store, and where the first one
+// with its key went.
+type dupOf struct {
+	m *EnhancedMessage
+	e dedup.Entry
+}
+
+// applyDups reports the duplicates of the write that happens: each gets
+// the Queue, Offset, ID and StoreUnixNano of the first message with its
+// key. q.mu must be held.
+func (q *MemoryQueue) applyDups() {
+	for _, d := range q.dups {
+		d.m.Queue, d.m.Offset, d.m.ID, d.m.StoreUnixNano = q.id.Queue, d.e.Offset, d.e.ID, d.e.Stored
+	}
+	clear(q.dups)
+	q.dups = q.dups[:0]
 }
 
 func over(v, limit int64) bool { return limit != Unlimited && v > limit }
@@ -397,6 +511,9 @@ func (s *MemoryStorage) OpenQueue(ctx context.Context, meta TopicMeta, queue int
 		}
 	}
 	q := NewMemoryQueue(id, meta.Retention)
+	if err := q.SetDedupWindow(meta.DedupWindow); err != nil {
+		return nil, &Error{Op: "open queue", Err: err} // Validate let it through: cannot happen
+	}
 	s.queues[id] = q
 	return q, nil
 }

@@ -24,6 +24,18 @@ type Message struct {
 	Headers map[string]string
 	// Body is the payload.
 	Body []byte
+	// DedupKey, when not empty, makes the write idempotent: a message
+	// whose DedupKey was already stored in the same queue within its
+	// topic's [TopicMeta.DedupWindow] is not stored again, and Send
+	// reports where the first one went (its ID, Queue and Offset, with
+	// [SendResult].Duplicate set). A Send retried after a timeout or an
+	// error with the same key is so stored at most once within the window
+	// (the idempotent producer of Kafka, JetStream's Nats-Msg-Id). Keys
+	// are compared per queue: route messages with the same DedupKey to
+	// the same queue (the default router does, given the same Key). Up
+	// to [MaxDedupKeyLen] bytes; stored with the message (a delayed
+	// message is not deduplicated yet). Empty: no deduplication.
+	DedupKey string
 	// DeliverAt, when after the broker's clock reads now (see
 	// [WithClock]), delays the message: consumers get it no earlier than
 	// this time, and shortly after. Meanwhile it waits in an internal
@@ -34,9 +46,9 @@ type Message struct {
 }
 
 // Size returns the bytes a message counts for in size limits, retention and
-// flow control: its body, key, tag and header keys and values.
+// flow control: its body, key, tag, dedup key and header keys and values.
 func (m *Message) Size() int {
-	n := len(m.Body) + len(m.Key) + len(m.Tag)
+	n := len(m.Body) + len(m.Key) + len(m.Tag) + len(m.DedupKey)
 	if len(m.Headers) == 0 {
 		return n // skips starting a map iteration: Size runs twice per Send
 	}
@@ -153,13 +165,37 @@ type TopicMeta struct {
 	Queues int
 	// Retention bounds each queue.
 	Retention Retention
+	// DedupWindow is how long each queue remembers the [Message.DedupKey]
+	// of the messages stored in it: a write carrying a key stored less
+	// than DedupWindow before is not stored again. Zero takes
+	// [DefaultDedupWindow]; [DedupOff] switches deduplication off (keys
+	// are stored, not acted on); otherwise it must be in (0,
+	// [MaxDedupWindow]]. A queue holds one entry per key stored within
+	// the window, whatever its retention: memory grows with the rate of
+	// keyed messages times the window.
+	DedupWindow time.Duration
 }
+
+// Deduplication windows (see [TopicMeta.DedupWindow]).
+const (
+	// DefaultDedupWindow is the window of a topic whose DedupWindow is
+	// zero: two minutes, JetStream's default duplicates window.
+	DefaultDedupWindow = 2 * time.Minute
+	// MaxDedupWindow is the longest window a topic may have (seven days,
+	// Kafka's producer-state expiry).
+	MaxDedupWindow = 7 * 24 * time.Hour
+	// DedupOff, as a DedupWindow, switches deduplication off.
+	DedupOff time.Duration = -1
+)
+
+// MaxDedupKeyLen is the longest [Message.DedupKey], in bytes.
+const MaxDedupKeyLen = 1024
 
 // MaxQueues is the largest queue count a topic may have.
 const MaxQueues = 1 << 16
 
 // Validate reports whether meta is usable; the error wraps
-// [ErrInvalidTopic].
+// [ErrInvalidTopic] (for a bad DedupWindow, [ErrInvalidOption] too).
 func (meta TopicMeta) Validate() error {
 	if err := ValidateTopicName(meta.Name); err != nil {
 		return err
@@ -174,11 +210,14 @@ func (meta TopicMeta) Validate() error {
 	if r.Overflow != DropOldest && r.Overflow != Block {
 		return fmt.Errorf("%w: topic %q: unknown overflow policy %d", ErrInvalidTopic, meta.Name, r.Overflow)
 	}
+	if w := meta.DedupWindow; w != DedupOff && (w < 0 || w > MaxDedupWindow) {
+		return fmt.Errorf("%w: topic %q: dedup window %v not DedupOff nor in [0, %v]: %w", ErrInvalidTopic, meta.Name, w, MaxDedupWindow, ErrInvalidOption)
+	}
 	return nil
 }
 
-// Normalized returns meta with the defaults of zero retention fields filled
-// in. Two metadata values describe the same topic when their normalized
+// Normalized returns meta with the defaults of zero retention fields and
+// of a zero DedupWindow filled in. Two metadata values describe the same topic when their normalized
 // forms are equal.
 func (meta TopicMeta) Normalized() TopicMeta {
 	if meta.Retention.MaxMessages == 0 {
@@ -189,6 +228,9 @@ func (meta TopicMeta) Normalized() TopicMeta {
 	}
 	if meta.Retention.MaxAge < 0 {
 		meta.Retention.MaxAge = 0
+	}
+	if meta.DedupWindow == 0 {
+		meta.DedupWindow = DefaultDedupWindow
 	}
 	return meta
 }

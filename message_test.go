@@ -3,6 +3,7 @@ package ferry_test
 import (
 	"bytes"
 	"context"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -43,6 +44,20 @@ func TestTopicMetaValidate(t *testing.T) {
 	assert.Equal(t, int64(ferry.DefaultRetentionMessages), n.Retention.MaxMessages)
 	assert.Equal(t, int64(ferry.DefaultRetentionBytes), n.Retention.MaxBytes)
 	assert.Equal(t, n, n.Normalized())
+}
+
+func TestTopicMetaDedupWindow(t *testing.T) {
+	for _, w := range []time.Duration{0, ferry.DedupOff, time.Nanosecond, time.Second, ferry.MaxDedupWindow} {
+		assert.NoError(t, ferry.TopicMeta{Name: "t", Queues: 1, DedupWindow: w}.Validate(), "%v", w)
+	}
+	for _, w := range []time.Duration{-2, -time.Second, ferry.MaxDedupWindow + 1, time.Duration(math.MaxInt64)} {
+		err := ferry.TopicMeta{Name: "t", Queues: 1, DedupWindow: w}.Validate()
+		assert.ErrorIs(t, err, ferry.ErrInvalidTopic, "%v", w)
+		assert.ErrorIs(t, err, ferry.ErrInvalidOption, "%v", w)
+	}
+	assert.Equal(t, ferry.DefaultDedupWindow, ferry.TopicMeta{Name: "t", Queues: 1}.Normalized().DedupWindow)
+	assert.Equal(t, ferry.DedupOff, ferry.TopicMeta{Name: "t", Queues: 1, DedupWindow: ferry.DedupOff}.Normalized().DedupWindow)
+	assert.Equal(t, time.Second, ferry.TopicMeta{Name: "t", Queues: 1, DedupWindow: time.Second}.Normalized().DedupWindow)
 }
 
 func TestQueueIDOrder(t *testing.T) {
@@ -150,4 +165,6 @@ func TestMessageIDLayout(t *testing.T) {
 func TestMessageSize(t *testing.T) {
 	m := &ferry.Message{Key: "kk", Tag: "t", Headers: map[string]string{"a": "bc"}, Body: make([]byte, 10)}
 	assert.Equal(t, 2+1+3+10, m.Size())
+	m.DedupKey = "dddd"
+	assert.Equal(t, 2+1+3+10+4, m.Size())
 }

@@ -105,6 +105,11 @@ type SendResult struct {
 	Target QueueID
 	// DeliverAt is when a delayed message is due; zero for the others.
 	DeliverAt time.Time
+	// Duplicate says the message was not stored: its [Message.DedupKey]
+	// was stored in the queue within the topic's [TopicMeta.DedupWindow].
+	// ID, Queue and Offset are then those of the first message stored
+	// with the key.
+	Duplicate bool
 }
 
 // ProducerOption configures a Producer.
@@ -224,13 +229,14 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 		return res, err
 	}
 	q := t.queues[i]
+	var first int64
 	if mq, ok := q.(*MemoryQueue); ok {
 		one := [1]*EnhancedMessage{em}
-		_, err = mq.write(ctx, one[:], wait, now)
+		first, err = mq.write(ctx, one[:], wait, now)
 	} else if tw, ok := q.(TryWriter); ok && !wait {
-		_, err = tw.TryWrite([]*EnhancedMessage{em})
+		first, err = tw.TryWrite([]*EnhancedMessage{em})
 	} else {
-		_, err = q.Write(ctx, []*EnhancedMessage{em})
+		first, err = q.Write(ctx, []*EnhancedMessage{em})
 	}
 	if p.hooks != nil {
 		p.hooks.onSent(ctx, em, err)
@@ -238,8 +244,21 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 	if err != nil {
 		return SendResult{}, err
 	}
-	id := QueueID{Topic: m.Topic, Queue: em.Queue}
-	return SendResult{ID: em.ID, Queue: id, Offset: em.Offset, Target: id}, nil
+	return sentResult(em, first), nil
+}
+
+// sentResult is the result of em, written alone by a write that returned
+// first: a duplicate (see [Duplicates]) if its offset is not first.
+func sentResult(em *EnhancedMessage, first int64) SendResult {
+	id := QueueID{Topic: em.Topic, Queue: em.Queue}
+	return SendResult{ID: em.ID, Queue: id, Offset: em.Offset, Target: id, Duplicate: em.Offset != first}
+}
+
+// markDuplicates sets Duplicate on the results of the messages of msgs,
+// written by a write that returned first, that were not stored; res(i)
+// is the result of msgs[i].
+func markDuplicates(first int64, msgs []*EnhancedMessage, res func(i int) *SendResult) {
+	Duplicates(first, msgs, func(i int) { res(i).Duplicate = true })
 }
 
 // delayed reports whether m is due later than now.
@@ -268,11 +287,17 @@ func (p *Producer) prepare(ctx context.Context, m *Message, em *EnhancedMessage,
 	// bitmap; and DeliverAt is not stored (it is zero on what consumers
 	// get, from any storage).
 	em.Topic, em.Key, em.Tag, em.Headers, em.Body = m.Topic, m.Key, m.Tag, m.Headers, m.Body
+	em.DedupKey = m.DedupKey
 	em.ID = messageID(now, c)
 	em.BornUnixNano = now.UnixNano()
 	em.Origin = p.origin
 	if i, err = p.route(em, t.meta); err != nil {
 		return nil, 0, err
+	}
+	if m.DedupKey != "" {
+		if err := p.checkDedup(m, t.queues[i]); err != nil {
+			return nil, 0, err
+		}
 	}
 	if p.hooks != nil {
 		em.Queue = i
@@ -306,6 +331,23 @@ func (p *Producer) check(m *Message) (*topicState, error) {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMessageTooLarge, n, p.max)
 	}
 	return t, nil
+}
+
+// checkDedup refuses a DedupKey that cannot be honoured: too long, on a
+// delayed message (not deduplicated yet), or bound for a queue that does
+// not deduplicate (a key the storage ignores would store a retried Send
+// twice, silently).
+func (p *Producer) checkDedup(m *Message, q Queue) error {
+	if len(m.DedupKey) > MaxDedupKeyLen {
+		return fmt.Errorf("%w: dedup key of %d bytes, limit %d", ErrInvalidMessage, len(m.DedupKey), MaxDedupKeyLen)
+	}
+	if p.delayed(m) {
+		return fmt.Errorf("%w: a delayed message cannot have a dedup key yet", ErrInvalidMessage)
+	}
+	if _, ok := q.(Deduplicator); !ok {
+		return fmt.Errorf("%w: dedup key for queue %s of %T, which does not deduplicate", ErrInvalidMessage, q.ID(), q)
+	}
+	return nil
 }
 
 // route asks the router for em's queue and checks its answer.
@@ -436,7 +478,8 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 			if lo == hi {
 				continue
 			}
-			if _, err := writeAt(ctx, tg.t.queues[q], sorted[lo:hi], now); err != nil {
+			first, err := writeAt(ctx, tg.t.queues[q], sorted[lo:hi], now)
+			if err != nil {
 				return results, ems, &Error{Op: fmt.Sprintf("send batch: write %s", tg.t.queues[q].ID()), Err: err}
 			}
 			for k := lo; k < hi; k++ {
@@ -444,6 +487,7 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 				id := QueueID{Topic: em.Topic, Queue: q}
 				results[index[k]] = SendResult{ID: em.ID, Queue: id, Offset: em.Offset, Target: id}
 			}
+			markDuplicates(first, sorted[lo:hi], func(i int) *SendResult { return &results[index[lo+i]] })
 		}
 	}
 	return results, ems, nil
@@ -518,7 +562,8 @@ func (p *Producer) writeOne(ctx context.Context, t *topicState, q int, ems []Enh
 		ptrs[i] = &ems[i]
 	}
 	results := make([]SendResult, len(ems))
-	if _, err := writeAt(ctx, t.queues[q], ptrs, now); err != nil {
+	first, err := writeAt(ctx, t.queues[q], ptrs, now)
+	if err != nil {
 		for i := range results {
 			results[i].Offset = -1
 		}
@@ -528,6 +573,7 @@ func (p *Producer) writeOne(ctx context.Context, t *topicState, q int, ems []Enh
 	for i := range ems {
 		results[i] = SendResult{ID: ems[i].ID, Queue: id, Offset: ems[i].Offset, Target: id}
 	}
+	markDuplicates(first, ptrs, func(i int) *SendResult { return &results[i] })
 	return results, nil
 }
 

@@ -3,6 +3,7 @@ package ferry
 import (
 	"context"
 	"io"
+	"time"
 )
 
 // WritableQueue is the write side of a queue. It is a building block
@@ -22,6 +23,16 @@ type WritableQueue interface {
 	// [Block] overflow blocks until there is room or ctx is done. After
 	// Close it returns [ErrClosed]. The queue keeps the pointers; the caller
 	// must not modify the messages afterwards.
+	//
+	// A queue that deduplicates (a [Deduplicator]) does not store a
+	// message whose [Message.DedupKey] it stored within its window, nor
+	// one whose key an earlier message of msgs carries: it sets that
+	// duplicate's Queue, Offset, ID and StoreUnixNano to those of the
+	// first message with the key, and keeps no pointer to it. The
+	// messages it stores take offsets first, first+1, ... in the order
+	// of msgs (first is the next offset when it stores none), so a
+	// caller tells the duplicates from the others by their Offset (see
+	// [Duplicates]).
 	Write(ctx context.Context, msgs []*EnhancedMessage) (int64, error)
 }
 
@@ -84,6 +95,36 @@ type readParker interface {
 type readWaiter struct {
 	kicker interface{ kick() } // an interface, not a func: no method value to allocate
 	listed bool                // guarded by the queue's lock
+}
+
+// Deduplicator is an optional interface of a [Queue] whose writes are
+// idempotent: a message whose [Message.DedupKey] the queue stored less
+// than DedupWindow before (by store time) is not stored again; Write,
+// TryWrite and WriteAsync report it as the first one (see
+// [WritableQueue]). The window is the topic's [TopicMeta.DedupWindow],
+// and survives whatever the queue's data survives (filestore's: Close,
+// restart and crash recovery). DedupWindow returns it, zero when the
+// queue does not deduplicate ([DedupOff]). A producer refuses a message
+// with a DedupKey for a queue that is not a Deduplicator.
+type Deduplicator interface {
+	DedupWindow() time.Duration
+}
+
+// Duplicates calls dup(i) for each message of msgs that a Write,
+// TryWrite or WriteAsync which returned first did not store, because a
+// [Deduplicator] found its DedupKey stored before: the stored ones have
+// the offsets first, first+1, ... in order, a duplicate an offset below
+// the next of these. Over a queue that does not deduplicate it calls dup
+// for none.
+func Duplicates(first int64, msgs []*EnhancedMessage, dup func(i int)) {
+	next := first
+	for i, m := range msgs {
+		if m.Offset == next {
+			next++
+		} else {
+			dup(i)
+		}
+	}
 }
 
 // Queue is one partition of a topic: an append-only log with contiguous

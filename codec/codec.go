@@ -17,8 +17,16 @@ import (
 	"github.com/ferrymq/ferry"
 )
 
-// Version is the first byte of every encoded message.
+// Version is the first byte of an encoded message without a
+// [ferry.Message].DedupKey: such a message is encoded byte for byte as
+// before dedup keys existed, so that earlier versions of Ferry (an old
+// broker sharing a store during a rolling upgrade, say) still read it.
 const Version = 1
+
+// VersionDedupKey is the first byte of an encoded message with a
+// DedupKey: [Version]'s layout with the key after the tag. [Decode]
+// reads both.
+const VersionDedupKey = 2
 
 // noTime encodes the zero time.Time.
 const noTime = math.MinInt64
@@ -27,7 +35,11 @@ const noTime = math.MinInt64
 // extended slice. The encoding is versioned: a version byte, the 16-byte ID,
 // then varints and length-prefixed bytes. [Decode] reads it back.
 func Append(dst []byte, m *ferry.EnhancedMessage) []byte {
-	dst = append(dst, Version)
+	if m.DedupKey == "" {
+		dst = append(dst, Version)
+	} else {
+		dst = append(dst, VersionDedupKey)
+	}
 	dst = append(dst, m.ID[:]...)
 	dst = binary.AppendUvarint(dst, uint64(m.Queue))
 	dst = binary.AppendVarint(dst, m.Offset)
@@ -36,6 +48,9 @@ func Append(dst []byte, m *ferry.EnhancedMessage) []byte {
 	dst = appendString(dst, m.Topic)
 	dst = appendString(dst, m.Key)
 	dst = appendString(dst, m.Tag)
+	if m.DedupKey != "" {
+		dst = appendString(dst, m.DedupKey)
+	}
 	dst = appendString(dst, m.BornHost())
 	dst = appendString(dst, m.ProducerName())
 	dst = binary.AppendUvarint(dst, uint64(len(m.Headers)))
@@ -53,6 +68,9 @@ func Size(m *ferry.EnhancedMessage) int {
 		timeLen(m.BornUnixNano) + timeLen(m.StoreUnixNano) +
 		strLen(m.Topic) + strLen(m.Key) + strLen(m.Tag) + strLen(m.BornHost()) + strLen(m.ProducerName()) +
 		uvarintLen(uint64(len(m.Headers))) + uvarintLen(uint64(len(m.Body))) + len(m.Body)
+	if m.DedupKey != "" {
+		n += strLen(m.DedupKey)
+	}
 	for k, v := range m.Headers {
 		n += strLen(k) + strLen(v)
 	}
@@ -71,8 +89,9 @@ const maxHeaderHint = 64
 func Decode(b []byte) (*ferry.EnhancedMessage, int, error) {
 	d := decoder{b: b}
 	m := new(ferry.EnhancedMessage)
-	if v := d.byte(); d.err == nil && v != Version {
-		return nil, 0, fmt.Errorf("%w: codec version %d, want %d", ferry.ErrCorrupt, v, Version)
+	v := d.byte()
+	if d.err == nil && v != Version && v != VersionDedupKey {
+		return nil, 0, fmt.Errorf("%w: codec version %d, want %d or %d", ferry.ErrCorrupt, v, Version, VersionDedupKey)
 	}
 	copy(m.ID[:], d.bytes(len(m.ID)))
 	q := d.uvarint()
@@ -87,6 +106,13 @@ func Decode(b []byte) (*ferry.EnhancedMessage, int, error) {
 	// strings and the body share.
 	start := d.off
 	topic, key, tag := d.span(), d.span(), d.span()
+	var dedup [2]int
+	if v == VersionDedupKey {
+		dedup = d.span()
+		if d.err == nil && dedup[1] == dedup[0] {
+			d.fail("empty dedup key") // Append writes version 1 then: one encoding per message
+		}
+	}
 	addr, prod := d.span(), d.span()
 	nh := d.uvarint()
 	if nh > uint64(len(d.b)-d.off)/2 { // each header takes at least 2 bytes
@@ -109,7 +135,7 @@ func Decode(b []byte) (*ferry.EnhancedMessage, int, error) {
 		}
 		return unsafe.String(&data[s[0]-start], s[1]-s[0])
 	}
-	m.Topic, m.Key, m.Tag = str(topic), str(key), str(tag)
+	m.Topic, m.Key, m.Tag, m.DedupKey = str(topic), str(key), str(tag), str(dedup)
 	m.Origin = internOrigin(b[prod[0]:prod[1]], b[addr[0]:addr[1]])
 	if nh > 0 {
 		// The count hints the map's size only up to maxHeaderHint: a

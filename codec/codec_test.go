@@ -14,6 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// v1 is the version byte of a message without a dedup key: the test
+// inputs built by hand below are in its layout.
+const v1 = 1
+
 func sampleMessages() []*ferry.EnhancedMessage {
 	now := time.Unix(1_700_000_000, 123456789)
 	return []*ferry.EnhancedMessage{
@@ -35,6 +39,10 @@ func sampleMessages() []*ferry.EnhancedMessage {
 			StoreUnixNano: now.Add(time.Millisecond).UnixNano(),
 		},
 		{Message: ferry.Message{Topic: "big", Body: bytes.Repeat([]byte{0xab}, 70000)}, Offset: 0, Queue: 65535},
+		{
+			Message: ferry.Message{Topic: "orders", Key: "k", DedupKey: "order-42/attempt-1", Headers: map[string]string{"h": "v"}, Body: []byte("once")},
+			ID:      ferry.NewMessageID(now), Origin: &ferry.Origin{Producer: "p-2", Host: "host-2"}, Offset: 7, StoreUnixNano: now.UnixNano(),
+		},
 	}
 }
 
@@ -49,6 +57,7 @@ func TestCodecRoundTrip(t *testing.T) {
 		assert.Equal(t, m.Topic, got.Topic)
 		assert.Equal(t, m.Key, got.Key)
 		assert.Equal(t, m.Tag, got.Tag)
+		assert.Equal(t, m.DedupKey, got.DedupKey)
 		assert.Equal(t, m.Origin, got.Origin)
 		assert.Equal(t, m.Queue, got.Queue)
 		assert.Equal(t, m.Offset, got.Offset)
@@ -144,22 +153,26 @@ func TestCodecRejectsBadInput(t *testing.T) {
 	good := codec.Append(nil, sampleMessages()[2])
 	badVersion := append([]byte{99}, good[1:]...)
 	// A header count far beyond the input: must fail before allocating.
-	hugeHeaders := append([]byte{codec.Version}, make([]byte, 16)...)
+	hugeHeaders := append([]byte{v1}, make([]byte, 16)...)
 	hugeHeaders = append(hugeHeaders, 0, 0, 0x80, 0x80, 0x80, 0x80) // queue, offset, zero-ish times
 	// Many valid (empty) headers, then a body length beyond the input.
-	manyHeaders := append([]byte{codec.Version}, make([]byte, 16)...)
+	manyHeaders := append([]byte{v1}, make([]byte, 16)...)
 	manyHeaders = append(manyHeaders, 0, 0, 1, 1, 0, 0, 0, 0, 0)
 	manyHeaders = binary.AppendUvarint(manyHeaders, 1<<14)
 	manyHeaders = append(manyHeaders, make([]byte, 2<<14)...)
 	manyHeaders = append(manyHeaders, 0x7f)
+	// Version 2 with an empty dedup key: Append writes version 1 then.
+	emptyKey := append([]byte{codec.VersionDedupKey}, make([]byte, 16)...)
+	emptyKey = append(emptyKey, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 	cases := map[string][]byte{
 		"many headers then bad body": manyHeaders,
+		"v2 empty dedup key":         emptyKey,
 		"empty":                      nil,
 		"bad version":                badVersion,
-		"huge headers":               append(append([]byte{codec.Version}, make([]byte, 16)...), 0, 0, 1, 1, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f),
-		"huge length":                append(append([]byte{codec.Version}, make([]byte, 16)...), 0, 0, 1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f),
-		"bad varint":                 append(append([]byte{codec.Version}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff),
-		"queue too big":              append(append([]byte{codec.Version}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0x0f),
+		"huge headers":               append(append([]byte{v1}, make([]byte, 16)...), 0, 0, 1, 1, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f),
+		"huge length":                append(append([]byte{v1}, make([]byte, 16)...), 0, 0, 1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f),
+		"bad varint":                 append(append([]byte{v1}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff),
+		"queue too big":              append(append([]byte{v1}, make([]byte, 16)...), 0xff, 0xff, 0xff, 0xff, 0x0f),
 		"garbage":                    hugeHeaders,
 	}
 	for name, b := range cases {
@@ -181,7 +194,7 @@ func TestCodecRejectsBadInput(t *testing.T) {
 // A valid message of many repeated headers decodes into a small map: the
 // allocation follows what is decoded, not the header count.
 func TestCodecDecodeManyHeadersAllocatesLittle(t *testing.T) {
-	b := append([]byte{codec.Version}, make([]byte, 16)...)
+	b := append([]byte{v1}, make([]byte, 16)...)
 	b = append(b, 0, 0, 1, 1, 0, 0, 0, 0, 0)
 	const nh = 1 << 16
 	b = binary.AppendUvarint(b, nh)
@@ -201,6 +214,52 @@ func TestCodecDecodeManyHeadersAllocatesLittle(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	perCall := (after.TotalAlloc - before.TotalAlloc) / 10
 	assert.LessOrEqual(t, perCall, uint64(2*len(b)+8192))
+}
+
+// A message without a dedup key encodes in version 1, byte for byte as
+// Ferry did before version 2, so older readers still read it; a keyed one
+// in version 2. Both decode.
+func TestCodecVersions(t *testing.T) {
+	m := sampleMessages()[2]
+	plain := codec.Append(nil, m)
+	assert.Equal(t, byte(1), plain[0])
+	assert.Equal(t, byte(codec.Version), plain[0])
+	keyed := *m
+	keyed.DedupKey = "d"
+	kb := codec.Append(nil, &keyed)
+	assert.Equal(t, byte(codec.VersionDedupKey), kb[0])
+	assert.Equal(t, byte(2), kb[0])
+	assert.Len(t, kb, len(plain)+2, "version 2 adds the key's length and bytes only")
+	got, _, err := codec.Decode(kb)
+	require.NoError(t, err)
+	assert.Equal(t, "d", got.DedupKey)
+	assert.Equal(t, m.Tag, got.Tag)
+	assert.Equal(t, m.ProducerName(), got.ProducerName())
+
+	// Bytes of version 1 as Ferry wrote them before the dedup key.
+	old := []byte{1}
+	old = append(old, bytes.Repeat([]byte{7}, 16)...)
+	old = append(old, 2, 8) // queue 2, offset 4
+	old = binary.AppendVarint(old, 1_700_000_000_000_000_000)
+	old = binary.AppendVarint(old, 1_700_000_000_000_000_001)
+	for _, s := range []string{"t", "k", "tag", "host", "prod"} {
+		old = binary.AppendUvarint(old, uint64(len(s)))
+		old = append(old, s...)
+	}
+	old = append(old, 0, 2, 'h', 'i')
+	got, n, err := codec.Decode(old)
+	require.NoError(t, err)
+	assert.Equal(t, len(old), n)
+	assert.Equal(t, "", got.DedupKey)
+	assert.Equal(t, "t", got.Topic)
+	assert.Equal(t, "k", got.Key)
+	assert.Equal(t, "tag", got.Tag)
+	assert.Equal(t, "prod", got.ProducerName())
+	assert.Equal(t, "host", got.BornHost())
+	assert.Equal(t, int64(4), got.Offset)
+	assert.Equal(t, 2, got.Queue)
+	assert.Equal(t, "hi", string(got.Body))
+	assert.Equal(t, old, codec.Append(nil, got), "re-encodes to the same version 1 bytes")
 }
 
 func FuzzDecode(f *testing.F) {
@@ -223,6 +282,7 @@ func FuzzDecode(f *testing.F) {
 		require.NoError(t, err)
 		require.Equal(t, codec.Size(m), n2)
 		require.Equal(t, m.Topic, again.Topic)
+		require.Equal(t, m.DedupKey, again.DedupKey)
 		require.Equal(t, m.Body, again.Body)
 		require.Equal(t, m.Offset, again.Offset)
 	})

@@ -170,9 +170,10 @@ type FakeQueue struct {
 }
 
 var (
-	_ ferry.Queue     = (*FakeQueue)(nil)
-	_ ferry.TryWriter = (*FakeQueue)(nil)
-	_ ferry.Releaser  = (*FakeQueue)(nil)
+	_ ferry.Queue        = (*FakeQueue)(nil)
+	_ ferry.TryWriter    = (*FakeQueue)(nil)
+	_ ferry.Releaser     = (*FakeQueue)(nil)
+	_ ferry.Deduplicator = (*FakeQueue)(nil)
 )
 
 // NewFakeQueue returns an empty fake queue with the given identity and
@@ -268,6 +269,15 @@ func (q *FakeQueue) Read(ctx context.Context, offset int64, dst []*ferry.Enhance
 // Offsets implements [ferry.ReadableQueue].
 func (q *FakeQueue) Offsets() (oldest, next int64) { return q.mem.Offsets() }
 
+// SetDedupWindow sets the window of the queue's deduplication, as
+// [ferry.MemoryQueue.SetDedupWindow] does.
+func (q *FakeQueue) SetDedupWindow(d time.Duration) error { return q.mem.SetDedupWindow(d) }
+
+// DedupWindow implements [ferry.Deduplicator]: the queue deduplicates as
+// a [ferry.MemoryQueue] does, within [ferry.DefaultDedupWindow] (or its
+// topic's window, from a [FakeStorage]).
+func (q *FakeQueue) DedupWindow() time.Duration { return q.mem.DedupWindow() }
+
 // Release implements [ferry.Releaser].
 func (q *FakeQueue) Release(offset int64) { q.mem.Release(offset) }
 
@@ -294,7 +304,8 @@ func cloneCalls(calls []WriteCall) []WriteCall {
 	return out
 }
 
-// Messages returns every message written so far, in offset order. Unlike
+// Messages returns every message written so far, in offset order, but
+// the duplicates the queue did not store (see [ferry.Duplicates]). Unlike
 // Read it is not subject to retention or Close.
 func (q *FakeQueue) Messages() []*ferry.EnhancedMessage {
 	return messagesOf(q.Writes())
@@ -305,8 +316,15 @@ func (q *FakeQueue) Messages() []*ferry.EnhancedMessage {
 func messagesOf(calls []WriteCall) []*ferry.EnhancedMessage {
 	var out []*ferry.EnhancedMessage
 	for _, c := range calls {
-		if c.Err == nil {
-			out = append(out, c.Messages...)
+		if c.Err != nil {
+			continue
+		}
+		dup := map[int]bool{}
+		ferry.Duplicates(c.First, c.Messages, func(i int) { dup[i] = true })
+		for i, m := range c.Messages {
+			if !dup[i] {
+				out = append(out, m)
+			}
 		}
 	}
 	slices.SortStableFunc(out, func(a, b *ferry.EnhancedMessage) int {

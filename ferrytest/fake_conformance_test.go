@@ -11,14 +11,18 @@ import (
 // contracts.
 
 func TestFakeQueueConformance(t *testing.T) {
-	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true},
+	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true, Dedup: true},
 		func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
-			return ferrytest.NewFakeQueue(ferry.QueueID{Topic: meta.Name, Queue: queue}, meta.Retention)
+			q := ferrytest.NewFakeQueue(ferry.QueueID{Topic: meta.Name, Queue: queue}, meta.Retention)
+			if err := q.SetDedupWindow(meta.DedupWindow); err != nil {
+				t.Fatal(err)
+			}
+			return q
 		})
 }
 
 func TestFakeStorageQueueConformance(t *testing.T) {
-	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true},
+	ferrytest.TestQueue(t, ferrytest.Features{RetentionExact: true, Block: true, Dedup: true},
 		func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queue {
 			s := ferrytest.NewFakeStorage()
 			t.Cleanup(func() { _ = s.Close() })

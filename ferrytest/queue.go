@@ -68,6 +68,18 @@ type QueueFactory func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queu
 //     panic, and change nothing (and OffsetsContext, for a queue with
 //     it).
 //
+// With [Features].Dedup:
+//
+//   - Dedup: the queue is a [ferry.Deduplicator] of the topic's window; a
+//     message whose DedupKey was stored before, or is earlier in the
+//     batch, is not stored and gets the first one's Queue, Offset, ID and
+//     StoreUnixNano; the others take contiguous offsets from the first
+//     Write returns ([ferry.Duplicates]); a batch of duplicates stores
+//     nothing; TryWrite and WriteAsync too, for a queue with them.
+//   - DedupConcurrent: writers racing with the same keys store each once.
+//   - DedupWindow: a key a window old (by store time) is stored again,
+//     never sooner; [ferry.DedupOff] stores every message.
+//
 // For a queue that implements [ferry.OffsetsContexter] (skipped
 // otherwise):
 //
@@ -106,6 +118,11 @@ func TestQueue(t *testing.T, f Features, newQueue QueueFactory) {
 	run(t, f, "NilContext", qs.nilContext)
 	run(t, f, "OffsetsContext", qs.offsetsContext)
 	run(t, f, "WriteAsync", qs.writeAsync)
+	if f.Dedup {
+		run(t, f, "Dedup", qs.dedup)
+		run(t, f, "DedupConcurrent", qs.dedupConcurrent)
+		run(t, f, "DedupWindow", qs.dedupWindow)
+	}
 }
 
 type queueSuite struct {

@@ -47,6 +47,9 @@ type StorageOpener func(t *testing.T, dir string) ferry.Storage
 //     and DeleteTopic, for a storage with [ferry.SharedStorage] or
 //     [ferry.TopicDeleter]) with a nil context are
 //     [ferry.ErrInvalidOption], never a panic, and change nothing.
+//   - DedupReopen (with [Features].Dedup and Persistent): keys stored
+//     before a Close are duplicates after the reopen, reported where they
+//     were first stored; the topic's DedupWindow is saved.
 //
 // Run [TestQueue] over queues the storage opens to check the queues
 // themselves.
@@ -63,6 +66,9 @@ func TestStorage(t *testing.T, f Features, open StorageOpener) {
 	run(t, f, "Concurrent", ss.concurrent)
 	run(t, f, "Close", ss.close)
 	run(t, f, "NilContext", ss.nilContext)
+	if f.Dedup && f.Persistent {
+		run(t, f, "DedupReopen", ss.dedupReopen)
+	}
 }
 
 type storageSuite struct {

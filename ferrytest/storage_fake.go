@@ -123,6 +123,9 @@ func (s *FakeStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue
 		return q, nil
 	}
 	q := NewFakeQueue(id, meta.Retention)
+	if err := q.mem.SetDedupWindow(meta.DedupWindow); err != nil {
+		return nil, &ferry.Error{Op: "ferrytest: open queue", Err: err}
+	}
 	q.shared, q.record = &s.faults, s.record
 	s.queues[id] = q
 	return q, nil

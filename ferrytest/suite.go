@@ -46,6 +46,12 @@ type Features struct {
 	// in memory instead, and TestCursorStore then only checks that a
 	// reopened store fences again.
 	TokensPersist bool
+	// Dedup: the queue is a [ferry.Deduplicator], storing a message whose
+	// DedupKey it stored within its topic's window once; TestQueue then
+	// checks deduplication (Dedup, DedupConcurrent, DedupWindow), and
+	// TestStorage, with Persistent, that the window survives a reopen
+	// (DedupReopen).
+	Dedup bool
 	// Timeout bounds each subtest (see the package doc on the watchdog).
 	// Zero means [DefaultTimeout].
 	Timeout time.Duration
@@ -184,6 +190,8 @@ func sameMessage(got, want *ferry.EnhancedMessage) string {
 		return fmt.Sprintf("Key %q, want %q", got.Key, want.Key)
 	case got.Tag != want.Tag:
 		return fmt.Sprintf("Tag %q, want %q", got.Tag, want.Tag)
+	case got.DedupKey != want.DedupKey:
+		return fmt.Sprintf("DedupKey %q, want %q", got.DedupKey, want.DedupKey)
 	case !maps.Equal(got.Headers, want.Headers):
 		return fmt.Sprintf("Headers %v, want %v", got.Headers, want.Headers)
 	case !bytes.Equal(got.Body, want.Body):

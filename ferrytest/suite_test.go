@@ -34,6 +34,34 @@ var brokenCases = map[string]brokenCase{
 		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("")) },
 		want: "",
 	},
+	"dedup-control": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{Dedup: true}, brokenQueueFactory("")) },
+		want: "",
+	},
+	"dedup-ignores-keys": {
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{Dedup: true}, brokenQueueFactory("dedup-ignores-keys"))
+		},
+		want: "--- FAIL: TestSuitesCatchBrokenImplementations/Dedup ",
+	},
+	"dedup-keeps-new-id": {
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{Dedup: true}, brokenQueueFactory("dedup-keeps-new-id"))
+		},
+		want: "duplicate reported with ID",
+	},
+	"dedup-window-forever": {
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{Dedup: true, Timeout: time.Second}, brokenQueueFactory("dedup-window-forever"))
+		},
+		want: "a key a window old is never stored again",
+	},
+	"dedup-not-a-deduplicator": {
+		run: func(t *testing.T) {
+			ferrytest.TestQueue(t, ferrytest.Features{Dedup: true}, brokenQueueFactory("dedup-not-a-deduplicator"))
+		},
+		want: "does not implement ferry.Deduplicator",
+	},
 	"read-ignores-ctx": {
 		run: func(t *testing.T) {
 			ferrytest.TestQueue(t, ferrytest.Features{Timeout: 200 * time.Millisecond}, brokenQueueFactory("read-ignores-ctx"))
@@ -228,6 +256,7 @@ type brokenQueue struct {
 	mode    string
 	closing chan struct{}
 	closed  atomic.Bool
+	window  time.Duration // the topic's, normalized
 }
 
 func brokenQueueFactory(mode string) ferrytest.QueueFactory {
@@ -243,9 +272,24 @@ func brokenQueueFactory(mode string) ferrytest.QueueFactory {
 			MemoryQueue: ferry.NewMemoryQueue(ferry.QueueID{Topic: meta.Name, Queue: queue}, r),
 			mode:        mode,
 			closing:     make(chan struct{}),
+			window:      meta.Normalized().DedupWindow,
 		}
-		if mode == "no-block-support" {
+		window := meta.DedupWindow
+		switch mode {
+		case "dedup-ignores-keys":
+			window = ferry.DedupOff // while DedupWindow claims the topic's
+		case "dedup-window-forever":
+			window = ferry.MaxDedupWindow
+		}
+		require.NoError(t, q.SetDedupWindow(window))
+		switch mode {
+		case "no-block-support":
 			return struct{ ferry.Queue }{q} // hides TryWrite and Release
+		case "dedup-not-a-deduplicator":
+			return struct {
+				ferry.Queue
+				ferry.TryWriter
+			}{q, q} // hides DedupWindow
 		}
 		return q
 	}
@@ -260,7 +304,28 @@ func (q *brokenQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) 
 			_, _ = q.MemoryQueue.Write(ctx, msgs[:i])
 		}
 	}
+	if q.mode == "dedup-keeps-new-id" {
+		ids := make([]ferry.MessageID, len(msgs))
+		for i, m := range msgs {
+			if m != nil {
+				ids[i] = m.ID
+			}
+		}
+		first, err := q.MemoryQueue.Write(ctx, msgs)
+		if err == nil {
+			ferry.Duplicates(first, msgs, func(i int) { msgs[i].ID = ids[i] })
+		}
+		return first, err
+	}
 	return q.MemoryQueue.Write(ctx, msgs)
+}
+
+// DedupWindow reports the topic's window, whatever the queue does.
+func (q *brokenQueue) DedupWindow() time.Duration {
+	if q.window <= 0 {
+		return 0
+	}
+	return q.window
 }
 
 func (q *brokenQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {

@@ -11,9 +11,10 @@ import (
 	"github.com/ferrymq/ferry/filestore"
 )
 
-// features of the file store: persistent, with back-pressure; retention
+// features of the file store: persistent, with back-pressure and
+// deduplication; retention
 // is by whole segments, so not exact in general.
-var features = ferrytest.Features{Persistent: true, Block: true}
+var features = ferrytest.Features{Persistent: true, Block: true, Dedup: true}
 
 func TestQueueConformance(t *testing.T) {
 	for _, p := range []filestore.SyncPolicy{filestore.SyncAlways, filestore.SyncEvery(time.Millisecond), filestore.SyncNever} {

@@ -12,6 +12,10 @@ func TestMain(m *testing.M) {
 		crashChild()
 		os.Exit(0)
 	}
+	if os.Getenv(dedupChildEnv) != "" {
+		dedupChild()
+		os.Exit(0)
+	}
 	if os.Getenv(lockChildEnv) != "" {
 		lockChild()
 		os.Exit(0)

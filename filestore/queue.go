@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/codec"
+	"github.com/ferrymq/ferry/internal/dedup"
 )
 
 // queue is a file-backed [ferry.Queue]: a folder of segments, a writer
@@ -47,6 +48,7 @@ type queue struct {
 	closed     bool
 	failed     error                      // set once; every later write fails with it
 	state      atomic.Pointer[writeState] // closed, failed and ret, for writeDirect
+	window     atomic.Int64               // dd's window, for DedupWindow; 0 when off
 
 	reqs    chan *writeReq
 	kick    chan struct{}   // retention or release news, capacity 1
@@ -73,6 +75,10 @@ type queue struct {
 	clock    time.Time // the last full reading of the clock (stamp)
 	dirty    bool      // bytes written since the last fdatasync
 	ageArmed bool      // the writer goroutine's age timer is set
+	// dd is the deduplication window (nil: off), rebuilt at open from the
+	// messages stored within it; keep is a deduplicated write's scratch.
+	dd   *dedup.Window
+	keep []*ferry.EnhancedMessage
 	// groupHint is about the size of the largest recent groups
 	// (SyncAlways): the writer goroutine waits a little for a group to
 	// reach it. lastSync is how long the last fdatasync took.
@@ -81,9 +87,10 @@ type queue struct {
 }
 
 var (
-	_ ferry.Queue     = (*queue)(nil)
-	_ ferry.TryWriter = (*queue)(nil)
-	_ ferry.Releaser  = (*queue)(nil)
+	_ ferry.Queue        = (*queue)(nil)
+	_ ferry.TryWriter    = (*queue)(nil)
+	_ ferry.Releaser     = (*queue)(nil)
+	_ ferry.Deduplicator = (*queue)(nil)
 )
 
 // writeState is what a direct write checks first, published under mu
@@ -129,8 +136,10 @@ type writeRes struct {
 	err   error
 }
 
-// newQueue starts the writer goroutine of a recovered queue.
-func newQueue(st *Store, id ferry.QueueID, dir string, segs []*segment, ret ferry.Retention) *queue {
+// newQueue rebuilds the deduplication window (of window, normalized) of
+// a recovered queue and starts its writer goroutine. If the rebuild
+// fails it closes the segments' files and returns the error.
+func newQueue(st *Store, id ferry.QueueID, dir string, segs []*segment, ret ferry.Retention, window time.Duration) (*queue, error) {
 	q := &queue{
 		id: id, st: st, dir: dir, cfg: &st.cfg, key: st.key(id), segs: segs, ret: ret,
 		oldest:  segs[0].base,
@@ -143,9 +152,23 @@ func newQueue(st *Store, id ferry.QueueID, dir string, segs []*segment, ret ferr
 	q.cacheBase = q.next
 	q.publishState()
 	q.mapActive(segs[len(segs)-1])
+	q.wmu.Lock()
+	err := q.setDedupLocked(window)
+	q.wmu.Unlock()
+	if err != nil {
+		_ = q.unmap(segs[len(segs)-1])
+		for _, s := range segs {
+			if s.f != nil {
+				_ = s.f.Close()
+			} else {
+				_ = st.fds.drop(s)
+			}
+		}
+		return nil, err
+	}
 	q.wg.Add(1)
 	go q.run()
-	return q
+	return q, nil
 }
 
 // ID implements [ferry.Queue].
@@ -190,10 +213,10 @@ const maxCodecGrowth = 20
 
 // maxCodecFixed bounds what the encoding of a message without headers
 // adds to its Size, its Topic and its Origin's two strings: version, ID,
-// queue, offset, two times, five string lengths and two counts, each
-// varint at most 10 bytes. A message that fits with it needs no exact
-// codec.Size.
-const maxCodecFixed = 1 + 16 + 4*10 + 5*10 + 2*10
+// queue, offset, two times, six string lengths (the dedup key's with
+// version 2) and two counts, each varint at most 10 bytes. A message that
+// fits with it needs no exact codec.Size.
+const maxCodecFixed = 1 + 16 + 4*10 + 6*10 + 2*10
 
 func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bool) (int64, error) {
 	var size int64
@@ -299,7 +322,7 @@ func (q *queue) writeDirect(msgs []*ferry.EnhancedMessage, size int64) (first in
 	if err := q.appendMsgs(msgs, ret); err != nil {
 		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}, true
 	}
-	return msgs[0].Offset, nil, true
+	return next, nil, true
 }
 
 // Close implements [io.Closer]: it stops the writer goroutine (pending

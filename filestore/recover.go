@@ -16,7 +16,8 @@ import (
 
 // recoverQueue opens the segments of a queue's folder, creating the folder
 // and a first segment when missing, and starts the queue.
-func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, error) {
+// meta is the topic's normalized metadata.
+func (st *Store) recoverQueue(id ferry.QueueID, meta ferry.TopicMeta) (*queue, error) {
 	qdir := path.Join("topics", id.Topic, strconv.Itoa(id.Queue))
 	if err := st.files.mkdirSync(qdir); err != nil {
 		return nil, err
@@ -96,7 +97,7 @@ func (st *Store) recoverQueue(id ferry.QueueID, ret ferry.Retention) (*queue, er
 		st.fds.put(s, s.f)
 		s.f = nil
 	}
-	return newQueue(st, id, qdir, segs, ret), nil
+	return newQueue(st, id, qdir, segs, meta.Retention, meta.DedupWindow)
 }
 
 // recoverSealed loads the index of a sealed segment and checks its tail;

@@ -195,10 +195,10 @@ func (st *Store) load() error {
 		if err != nil {
 			return err
 		}
-		ret := ferry.TopicMeta{}.Normalized().Retention
 		if ok {
 			st.topics[name] = meta
-			ret = meta.Retention
+		} else {
+			meta = ferry.TopicMeta{Name: name}.Normalized()
 		}
 		qs, err := fs.ReadDir(st.root.FS(), tdir)
 		if err != nil {
@@ -213,7 +213,7 @@ func (st *Store) load() error {
 				continue
 			}
 			id := ferry.QueueID{Topic: name, Queue: i}
-			q, err := st.recoverQueue(id, ret)
+			q, err := st.recoverQueue(id, meta)
 			if err != nil {
 				return err
 			}
@@ -231,10 +231,13 @@ type metaFile struct {
 	MaxBytes    int64  `json:"max_bytes"`
 	MaxAge      int64  `json:"max_age_ns"`
 	Overflow    int    `json:"overflow"`
+	// DedupWindow is absent from the files of earlier versions: zero,
+	// the default window.
+	DedupWindow int64 `json:"dedup_window_ns,omitempty"`
 }
 
 func encodeMeta(m ferry.TopicMeta) []byte {
-	j, _ := json.Marshal(metaFile{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow)})
+	j, _ := json.Marshal(metaFile{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow), int64(m.DedupWindow)})
 	b := binary.LittleEndian.AppendUint32(nil, crc32.Checksum(j, castagnoli))
 	return append(b, j...)
 }
@@ -263,7 +266,7 @@ func readMetaFile(root *os.Root, tdir, name string) (_ ferry.TopicMeta, ok bool,
 	}
 	meta := ferry.TopicMeta{Name: mf.Name, Queues: mf.Queues, Retention: ferry.Retention{
 		MaxMessages: mf.MaxMessages, MaxBytes: mf.MaxBytes, MaxAge: time.Duration(mf.MaxAge), Overflow: ferry.Overflow(mf.Overflow),
-	}}
+	}, DedupWindow: time.Duration(mf.DedupWindow)}
 	if err := meta.Validate(); err != nil || meta.Name != name {
 		return ferry.TopicMeta{}, false, fmt.Errorf("%w: %s: metadata %+v in folder %q", ferry.ErrCorrupt, mpath, meta, name)
 	}
@@ -292,7 +295,7 @@ func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int)
 	if err := ctx.Err(); err != nil {
 		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
-	ret := meta.Normalized().Retention
+	meta = meta.Normalized()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
@@ -300,13 +303,16 @@ func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int)
 	}
 	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
 	if q, ok := st.queues[id]; ok {
-		q.setRetention(ret)
+		q.setRetention(meta.Retention)
+		if err := q.setDedupWindow(meta.DedupWindow); err != nil {
+			return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
+		}
 		return q, nil
 	}
 	if err := st.files.mkdirSync(path.Join("topics", meta.Name)); err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
 	}
-	q, err := st.recoverQueue(id, ret)
+	q, err := st.recoverQueue(id, meta)
 	st.scanBuf = nil
 	if err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
@@ -409,6 +415,9 @@ func (st *Store) saveTopic(ctx context.Context, op string, meta ferry.TopicMeta,
 	for id, q := range st.queues {
 		if id.Topic == meta.Name {
 			q.setRetention(meta.Retention)
+			if err := q.setDedupWindow(meta.DedupWindow); err != nil {
+				return &ferry.Error{Op: fmt.Sprintf("filestore: %s %q", op, meta.Name), Err: err}
+			}
 		}
 	}
 	return nil

@@ -216,14 +216,23 @@ func (q *queue) commit(batch []*writeReq) {
 	q.mu.Lock()
 	ret := q.ret
 	q.mu.Unlock()
+	next := q.next
 	err := q.appendMsgs(q.flat, ret)
 	clear(q.flat)
 	for _, r := range batch {
 		if err != nil {
 			r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}}
-		} else {
-			r.done <- writeRes{first: r.msgs[0].Offset}
+			continue
 		}
+		// The group's stored messages took offsets from next on, in
+		// order: each write's first is where its share began.
+		first := next
+		for _, m := range r.msgs {
+			if m.Offset == next {
+				next++
+			}
+		}
+		r.done <- writeRes{first: first}
 	}
 }
 
@@ -233,10 +242,26 @@ func (q *queue) commit(batch []*writeReq) {
 // the queue's error. ret is the queue's retention as read under mu. wmu
 // must be held: it is held by every writer of q.next and q.segs, so they
 // are read here without mu and segMu.
+//
+// A queue that deduplicates stores only the messages whose keys are new
+// (see dedupe); the stored ones take the offsets from q.next on in the
+// order of msgs, so that a writer tells its duplicates by their offsets
+// ([ferry.Duplicates]), its first offset being q.next before the call.
 func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) error {
 	now := q.stamp()
 	nowNano := now.UnixNano()
 	first := q.next
+	mark := -1
+	if q.dd != nil {
+		msgs, mark = q.dedupe(msgs, nowNano)
+		if len(msgs) == 0 {
+			return nil
+		}
+		defer func() {
+			clear(q.keep)
+			q.keep = q.keep[:0]
+		}()
+	}
 	rollCount, rollBytes, rollAge := q.rollLimits(ret)
 
 	off := first
@@ -254,6 +279,9 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 	touched := touchedBuf[:0]
 	segsBefore := len(q.segs)
 	fail := func(err error) error {
+		if mark >= 0 {
+			q.dd.Rollback(mark)
+		}
 		// Take the write back, then fail the queue: nothing touches a
 		// mapping past a cut.
 		if uerr := q.undo(touched, segsBefore); uerr != nil {

@@ -1,0 +1,170 @@
+package dedup
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestWindowLookupAndExpire(t *testing.T) {
+	assert.Nil(t, New(0))
+	assert.Nil(t, New(-1))
+	w := New(10 * time.Nanosecond)
+	w.Add(HashKey("a"), Entry{Offset: 0, ID: [16]byte{1}, Stored: 100})
+	w.Add(HashKey("b"), Entry{Offset: 1, Stored: 105})
+	e, ok := w.Lookup(HashKey("a"), 109)
+	require.True(t, ok)
+	assert.Equal(t, Entry{Offset: 0, ID: [16]byte{1}, Stored: 100}, e)
+	_, ok = w.Lookup(HashKey("a"), 110)
+	assert.False(t, ok, "a window old: not a duplicate any more")
+	_, ok = w.Lookup(HashKey("c"), 100)
+	assert.False(t, ok)
+
+	w.Expire(110)
+	assert.Equal(t, 1, w.Len(), "a went, b stays")
+	// a again, stored anew; the expiry of nothing older removes it.
+	w.Add(HashKey("a"), Entry{Offset: 2, Stored: 111})
+	w.Expire(115)
+	assert.Equal(t, 1, w.Len())
+	e, ok = w.Lookup(HashKey("a"), 115)
+	require.True(t, ok)
+	assert.Equal(t, int64(2), e.Offset)
+	w.Expire(1000)
+	assert.Equal(t, 0, w.Len())
+}
+
+// An entry re-added after its first expired survives the expiry of the
+// first one's list item.
+func TestWindowReAddedKeySurvivesOldItem(t *testing.T) {
+	w := New(10)
+	w.Add(HashKey("a"), Entry{Offset: 0, Stored: 0})
+	_, ok := w.Lookup(HashKey("a"), 10)
+	require.False(t, ok)
+	w.Add(HashKey("a"), Entry{Offset: 5, Stored: 10})
+	w.Expire(12) // drops the item of offset 0, not the map entry of offset 5
+	e, ok := w.Lookup(HashKey("a"), 12)
+	require.True(t, ok)
+	assert.Equal(t, int64(5), e.Offset)
+}
+
+// Rollback and Expire across chunks.
+func TestWindowChunks(t *testing.T) {
+	w := New(1000)
+	for i := range 3 * chunkLen {
+		w.Add(HashKey(strconv.Itoa(i)), Entry{Offset: int64(i), Stored: int64(i)})
+	}
+	m := w.Mark()
+	for i := 3 * chunkLen; i < 5*chunkLen+7; i++ {
+		w.Add(HashKey(strconv.Itoa(i)), Entry{Offset: int64(i), Stored: int64(i)})
+	}
+	w.Rollback(m)
+	assert.Equal(t, 3*chunkLen, w.Len())
+	assert.Len(t, w.fifo, 3)
+	_, ok := w.Lookup(HashKey(strconv.Itoa(3*chunkLen)), 0)
+	assert.False(t, ok)
+	w.Expire(1000 + chunkLen + 3) // drops offsets 0 .. chunkLen+3
+	assert.Equal(t, 2*chunkLen-4, w.Len())
+	_, ok = w.Lookup(HashKey(strconv.Itoa(chunkLen+4)), 1000+chunkLen+3)
+	assert.True(t, ok)
+	w.Rollback(w.Mark() - (2*chunkLen - 4)) // everything left
+	assert.Zero(t, w.Len())
+	assert.Empty(t, w.fifo)
+	w.Add(HashKey("x"), Entry{})
+	assert.Equal(t, 1, w.Len())
+}
+
+func TestWindowRollback(t *testing.T) {
+	w := New(time.Hour)
+	w.Add(HashKey("a"), Entry{Offset: 0})
+	m := w.Mark()
+	w.Add(HashKey("b"), Entry{Offset: 1})
+	w.Add(HashKey("c"), Entry{Offset: 2})
+	w.Rollback(m)
+	assert.Equal(t, 1, w.Len())
+	_, ok := w.Lookup(HashKey("b"), 0)
+	assert.False(t, ok)
+	_, ok = w.Lookup(HashKey("a"), 0)
+	assert.True(t, ok)
+	w.Add(HashKey("b"), Entry{Offset: 1})
+	assert.Equal(t, 2, w.Len())
+}
+
+// Memory stays bounded by what the window holds: a long run of keys
+// through a short window keeps only the recent ones.
+func TestWindowBounded(t *testing.T) {
+	w := New(100)
+	for i := range 100_000 {
+		now := int64(i)
+		w.Expire(now)
+		w.Add(HashKey(strconv.Itoa(i)), Entry{Offset: int64(i), Stored: now})
+		require.LessOrEqual(t, w.Len(), 100)
+	}
+	assert.LessOrEqual(t, w.n, 100)
+	assert.LessOrEqual(t, len(w.fifo), 2, "the list keeps the chunks it needs")
+}
+
+func TestHashKey(t *testing.T) {
+	assert.Equal(t, HashKey("a"), HashKey("a"))
+	assert.NotEqual(t, HashKey("a"), HashKey("b"))
+	assert.NotEqual(t, HashKey(""), HashKey("\x00"))
+	seen := map[Hash]bool{}
+	for i := range 100_000 {
+		h := HashKey(strconv.Itoa(i))
+		require.False(t, seen[h])
+		seen[h] = true
+	}
+}
+
+// BenchmarkWindow is a write's work per new key: hash, expire, look up,
+// add, with every key kept (a window longer than the run).
+func BenchmarkWindow(b *testing.B) {
+	keys := make([]string, b.N)
+	for i := range keys {
+		keys[i] = "order-" + strconv.Itoa(i)
+	}
+	w := New(time.Hour)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		now := int64(i)
+		w.Expire(now)
+		h := HashKey(keys[i])
+		if _, ok := w.Lookup(h, now); ok {
+			b.Fatal("duplicate")
+		}
+		w.Add(h, Entry{Offset: int64(i), Stored: now})
+	}
+}
+
+// BenchmarkWindowSteady is BenchmarkWindow through a window of 100,000
+// keys: the steady state of a stream longer than its window.
+func BenchmarkWindowSteady(b *testing.B) {
+	keys := make([]string, b.N)
+	for i := range keys {
+		keys[i] = "order-" + strconv.Itoa(i)
+	}
+	w := New(100_000)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		now := int64(i)
+		w.Expire(now)
+		h := HashKey(keys[i])
+		if _, ok := w.Lookup(h, now); ok {
+			b.Fatal("duplicate")
+		}
+		w.Add(h, Entry{Offset: int64(i), Stored: now})
+	}
+}
+
+// BenchmarkHashKey is the hash alone.
+func BenchmarkHashKey(b *testing.B) {
+	var h Hash
+	for b.Loop() {
+		h = HashKey("order-1234567")
+	}
+	_ = h
+}
