@@ -296,9 +296,18 @@ func delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time
 	h[headerDelayQueue] = strconv.Itoa(target.Queue)
 	h[headerDelayHop] = strconv.FormatInt(hop.UnixNano(), 10)
 	return &EnhancedMessage{
-		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: h, Body: em.Body},
+		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: h, Body: em.Body, DedupKey: em.DedupKey},
 		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
 	}
+}
+
+// moveKey is the deduplication key of the move of a (a hop down a level,
+// or the delivery to its target): derived from where a's message waits,
+// so that a move replayed after a crash or a restart (its level's cursor
+// not committed yet) is not stored again where it went (see
+// [Deduplicator]; a store that does not deduplicate stores it again).
+func moveKey(a *delayAction) string {
+	return "%move:" + a.lv.t.meta.Name + ":" + strconv.FormatInt(a.msg.Offset, 10)
 }
 
 // write writes one message to q; wait false uses TryWrite where q has it.

@@ -436,7 +436,9 @@ const retryAct = 10 * time.Millisecond
 // level, and reports whether it did (false: try again later).
 func (d *delayer) act(a *delayAction, now time.Time) bool {
 	if a.deliverAt.After(now) { // down a level (its headers are set anew)
-		if _, err := d.place(d.ctx, a.msg, a.target, a.deliverAt, false); err != nil {
+		down := *a.msg
+		down.DedupKey = moveKey(a)
+		if _, err := d.place(d.ctx, &down, a.target, a.deliverAt, false); err != nil {
 			return d.failed(a, err)
 		}
 		return true
@@ -451,7 +453,7 @@ func (d *delayer) act(a *delayAction, now time.Time) bool {
 	}
 	q := t.queues[a.target.Queue%len(t.queues)]
 	em := &EnhancedMessage{
-		Message: Message{Topic: t.meta.Name, Key: a.msg.Key, Tag: a.msg.Tag, Headers: stripDelay(a.msg.Headers), Body: a.msg.Body},
+		Message: Message{Topic: t.meta.Name, Key: a.msg.Key, Tag: a.msg.Tag, Headers: stripDelay(a.msg.Headers), Body: a.msg.Body, DedupKey: moveKey(a)},
 		ID:      a.msg.ID, BornUnixNano: a.msg.BornUnixNano, Origin: a.msg.Origin,
 	}
 	if err := write(d.ctx, q, em, false); err != nil {

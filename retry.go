@@ -136,8 +136,12 @@ func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cau
 		h[HeaderAttempts] = strconv.Itoa(attempt)
 		h[HeaderError] = clip(cause.Error(), maxErrorHeader)
 		em := &EnhancedMessage{
-			Message: Message{Topic: target, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body},
-			ID:      id, BornUnixNano: msg.BornUnixNano, Origin: msg.Origin,
+			// The key makes the retry write idempotent: a retry of this
+			// attempt written again (after a crash, before the origin's
+			// cursor moved) is not stored twice.
+			Message: Message{Topic: target, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body,
+				DedupKey: "%retry:" + m.group + ":" + v.QueueID().String() + ":" + strconv.FormatInt(v.Offset, 10) + ":" + strconv.Itoa(attempt)},
+			ID: id, BornUnixNano: msg.BornUnixNano, Origin: msg.Origin,
 		}
 		wait := d.retryWait(cause, attempt)
 		at := m.b.time.Now().Add(wait)
@@ -338,7 +342,13 @@ func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, 
 		h[HeaderGroup] = m.group
 		h[HeaderAttempts] = strconv.Itoa(attempts)
 		h[HeaderError] = clip(cause.Error(), maxErrorHeader)
-		res, err = p.Send(r.hctx, &Message{Topic: m.cfg.deadLetter, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body})
+		dl := &Message{Topic: m.cfg.deadLetter, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body}
+		if dedupable(m.b, m.cfg.deadLetter) {
+			// A dead letter written again (after a crash, before the
+			// origin's cursor moved) is not stored twice.
+			dl.DedupKey = "%dead:" + m.group + ":" + msg.QueueID().String() + ":" + strconv.FormatInt(msg.Offset, 10)
+		}
+		res, err = p.Send(r.hctx, dl)
 	}
 	if err != nil {
 		m.report(&Error{Op: fmt.Sprintf("dead letter %s offset %d to %q (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, m.cfg.deadLetter), Err: err})
@@ -468,4 +478,19 @@ func (h *retryHeap) Pop() any {
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
 	return it
+}
+
+// dedupable reports whether every queue of topic deduplicates (see
+// [Deduplicator]), so that a write with a DedupKey is taken.
+func dedupable(b *Broker, topic string) bool {
+	t, err := b.topic(topic)
+	if err != nil {
+		return false
+	}
+	for _, q := range t.queues {
+		if _, ok := q.(Deduplicator); !ok {
+			return false
+		}
+	}
+	return true
 }
