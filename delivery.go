@@ -159,6 +159,7 @@ type worker struct {
 	dctx     *deliveryCtx
 	batch    []*EnhancedMessage
 	finished []*EnhancedMessage
+	freed    []string    // OrderedByKey: keys whose message finished, to release (see runKeyed)
 	guard    *time.Timer // calls another worker when a batch runs long
 	sched    atomic.Pointer[scheduler]
 	yielded  time.Time // when it last yielded the processor

@@ -49,8 +49,24 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 	k := r.keys
 	woke := false
 	fin := w.finished[:0] // finished, to mark done together
+	freed := w.freed[:0]  // their keys, released at the next lock
 	for range keyedTurns {
 		k.mu.Lock()
+		// The keys of what finished last turn: each key's next waiting
+		// message is ready now (the key stays claimed for it), or the
+		// key is free.
+		for _, key := range freed {
+			q := k.busy[key]
+			if len(q) == 0 {
+				delete(k.busy, key)
+				continue
+			}
+			k.ready.push(q[0])
+			q[0] = nil
+			k.busy[key] = q[1:]
+		}
+		clear(freed)
+		freed = freed[:0]
 		if k.ready.len() == 0 && r.admits() {
 			n, _ := r.buf.takeShare(w.batch, m.cfg.concurrency, 1)
 			for _, msg := range w.batch[:n] {
@@ -102,8 +118,16 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 			if timed {
 				start = time.Now()
 			}
-			if n := d.handleChain(dctx, r, msg, &fin); timed && n > 0 {
-				d.record(time.Since(start), n)
+			done := d.handle(dctx, r, msg, d.firstAttempt(msg))
+			if timed {
+				d.record(time.Since(start), 1)
+			}
+			if !done {
+				continue // in flight (a retry scheduled, its key waiting), or given back
+			}
+			fin = append(fin, msg)
+			if msg.Key != "" {
+				freed = append(freed, msg.Key)
 			}
 			if len(fin) >= maxAlone {
 				fin = d.finishAll(r, fin)
@@ -114,6 +138,22 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 			break
 		}
 	}
+	if len(freed) > 0 {
+		k.mu.Lock()
+		for _, key := range freed {
+			q := k.busy[key]
+			if len(q) == 0 {
+				delete(k.busy, key)
+				continue
+			}
+			k.ready.push(q[0])
+			q[0] = nil
+			k.busy[key] = q[1:]
+		}
+		k.mu.Unlock()
+		clear(freed)
+	}
+	w.freed = freed[:0]
 	w.finished = d.finishAll(r, fin)
 	if r.keys.hasReady() || r.buf.Pending() > 0 {
 		m.sched.push(r) // what this worker left
