@@ -185,6 +185,40 @@ func checkDueTime(at time.Time) error {
 // place writes em, stamped and routed to target, to the delay level for
 // a delivery at at. wait false: a full level queue is ErrQueueFull.
 func (d *delayer) place(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
+	res, err := d.placeIn(ctx, em, target, at, wait)
+	if errors.Is(err, errDueNow) {
+		return d.deliverNow(ctx, em, target, at, wait)
+	}
+	return res, err
+}
+
+// errDueNow is placeIn's when at is due by the clock read under the
+// level's lock: no level may hold a message that is due already (its
+// level's front would not bound it, and the dispatcher could deliver a
+// later one first).
+var errDueNow = errors.New("due already")
+
+// deliverNow writes em, due already, to its target.
+func (d *delayer) deliverNow(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
+	t, err := d.b.topic(target.Topic)
+	if err != nil {
+		return SendResult{}, err
+	}
+	q := t.queues[target.Queue%len(t.queues)]
+	w := &EnhancedMessage{
+		Message: Message{Topic: t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: stripDelay(em.Headers), Body: em.Body, DedupKey: em.DedupKey},
+		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
+	}
+	if err := write(ctx, q, w, wait); err != nil {
+		return SendResult{}, err
+	}
+	id := QueueID{Topic: t.meta.Name, Queue: target.Queue % len(t.queues)}
+	return SendResult{ID: w.ID, Queue: id, Offset: w.Offset, DeliverAt: at, Target: id}, nil
+}
+
+// placeIn is place, or errDueNow when at is due by the clock read under
+// the level's write lock.
+func (d *delayer) placeIn(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
 	if err := checkDueTime(at); err != nil {
 		return SendResult{}, err
 	}
@@ -199,6 +233,10 @@ func (d *delayer) place(ctx context.Context, em *EnhancedMessage, target QueueID
 		// order of their hops.
 		lv.wmu.Lock()
 		now := d.clock.Now()
+		if !at.After(now) {
+			lv.wmu.Unlock()
+			return SendResult{}, errDueNow
+		}
 		m, hop := delayLevel(at.Sub(now))
 		if m != n {
 			lv.wmu.Unlock()

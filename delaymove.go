@@ -360,8 +360,11 @@ func (d *delayer) actAll(due []*delayAction, now time.Time) {
 		if stale || p != nil {
 			continue // stale: the level changed hands, its next owner moves it
 		}
-		if d.act(a, now) {
+		switch d.act(a, now) {
+		case acted:
 			d.finish(a)
+			continue
+		case requeued:
 			continue
 		}
 		d.mu.Lock()
@@ -399,7 +402,11 @@ func (d *delayer) retryParked(now time.Time) (next time.Time, ok bool) {
 			a := p.acts[0]
 			stale := a.epoch != a.lv.epoch
 			d.mu.Unlock()
-			if !stale && !d.act(a, now) {
+			res := acted // stale: dropped, the level's next owner moves it
+			if !stale {
+				res = d.act(a, now)
+			}
+			if res == actFailed {
 				d.mu.Lock()
 				p.retry = time.Now().Add(retryAct)
 				d.mu.Unlock()
@@ -409,7 +416,7 @@ func (d *delayer) retryParked(now time.Time) (next time.Time, ok bool) {
 			p.acts[0] = nil
 			p.acts = p.acts[1:]
 			d.mu.Unlock()
-			if !stale {
+			if !stale && res == acted {
 				d.finish(a)
 			}
 			if d.ctx.Err() != nil {
@@ -431,23 +438,42 @@ func (d *delayer) retryParked(now time.Time) (next time.Time, ok bool) {
 // an action waits before the next try.
 const retryAct = 10 * time.Millisecond
 
+// What act did.
+const (
+	actFailed = iota // try again later
+	acted
+	requeued // due by the time it was to move down: back in the heap, as a delivery
+)
+
 // act delivers a when it is due by now (the time its turn was decided
 // at: not a later reading, or it could jump the queue) or moves it down a
-// level, and reports whether it did (false: try again later).
-func (d *delayer) act(a *delayAction, now time.Time) bool {
+// level, and says what it did.
+func (d *delayer) act(a *delayAction, now time.Time) int {
 	if a.deliverAt.After(now) { // down a level (its headers are set anew)
 		down := *a.msg
 		down.DedupKey = moveKey(a)
-		if _, err := d.place(d.ctx, &down, a.target, a.deliverAt, false); err != nil {
+		_, err := d.placeIn(d.ctx, &down, a.target, a.deliverAt, false)
+		if errors.Is(err, errDueNow) {
+			// The clock passed its due time since now was read: it is
+			// delivered in its due time's turn, not written to a level
+			// (where nothing would keep a later one from going first).
+			d.mu.Lock()
+			a.at = a.deliverAt
+			heap.Push(&d.due, a)
+			d.mu.Unlock()
+			d.signal()
+			return requeued
+		}
+		if err != nil {
 			return d.failed(a, err)
 		}
-		return true
+		return acted
 	}
 	t, err := d.b.topic(a.target.Topic)
 	if err != nil {
 		if errors.Is(err, ErrTopicNotFound) {
 			d.b.log.Error("ferry: delayed delivery: topic gone, dropping the message", "topic", a.target.Topic, "id", a.msg.ID.String())
-			return true
+			return acted
 		}
 		return d.failed(a, err)
 	}
@@ -459,15 +485,15 @@ func (d *delayer) act(a *delayAction, now time.Time) bool {
 	if err := write(d.ctx, q, em, false); err != nil {
 		return d.failed(a, err)
 	}
-	return true
+	return acted
 }
 
-// failed reports a failed action; false: try again later.
-func (d *delayer) failed(a *delayAction, err error) bool {
+// failed reports a failed action, to try again later.
+func (d *delayer) failed(a *delayAction, err error) int {
 	if d.ctx.Err() == nil && !errors.Is(err, ErrQueueFull) {
 		d.b.log.Error("ferry: delayed delivery: move failed, trying again", "to", a.target.String(), "id", a.msg.ID.String(), "err", err)
 	}
-	return false
+	return actFailed
 }
 
 // finish marks a's level message done.
