@@ -2,7 +2,6 @@ package ferry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -45,45 +44,52 @@ type GroupLag struct {
 // as the memory and file stores are; over another store it is
 // [ErrInvalidOption]. An unknown topic is [ErrTopicNotFound].
 func (b *Broker) Groups(ctx context.Context, topic string) ([]GroupLag, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "groups", Err: err}
+	}
 	t, cg, err := b.adminTopic(topic)
 	if err != nil {
-		return nil, errorf("ferry: groups: %w", err)
+		return nil, &Error{Op: "groups", Err: err}
 	}
 	cs, err := cg.Cursors(ctx, topic, len(t.queues))
 	if err != nil {
-		return nil, errorf("ferry: groups: %w", err)
+		return nil, &Error{Op: "groups", Err: err}
 	}
 	names := slices.Sorted(mapKeysOf(cs.Groups))
 	out := make([]GroupLag, 0, len(names))
 	for _, g := range names {
 		gl, err := b.groupLag(ctx, t, g, cs.Groups[g].Offsets)
 		if err != nil {
-			return nil, errorf("ferry: groups: %w", err)
+			return nil, &Error{Op: "groups", Err: err}
 		}
 		out = append(out, gl)
 	}
 	return out, nil
 }
 
-// Lag returns the progress of group on topic. A group with neither a
+// Lag returns the progress of group on topic (group first, as in every
+// call of the package that takes both). A group with neither a
 // committed cursor nor a live member there is [ErrGroupNotFound]; a live
 // group that has committed nothing on a queue has every retained message
 // of it to go. Other errors as [Broker.Groups].
-func (b *Broker) Lag(ctx context.Context, topic, group string) (GroupLag, error) {
+func (b *Broker) Lag(ctx context.Context, group, topic string) (GroupLag, error) {
+	if err := checkContext(ctx); err != nil {
+		return GroupLag{}, &Error{Op: "lag", Err: err}
+	}
 	t, _, err := b.adminTopic(topic)
 	if err != nil {
-		return GroupLag{}, errorf("ferry: lag: %w", err)
+		return GroupLag{}, &Error{Op: "lag", Err: err}
 	}
 	offs, err := b.cursors.Load(ctx, topic, group, len(t.queues))
 	if err != nil {
-		return GroupLag{}, errorf("ferry: lag: %w", err)
+		return GroupLag{}, &Error{Op: "lag", Err: err}
 	}
 	gl, err := b.groupLag(ctx, t, group, offs)
 	if err != nil {
-		return GroupLag{}, errorf("ferry: lag: %w", err)
+		return GroupLag{}, &Error{Op: "lag", Err: err}
 	}
 	if len(gl.Members) == 0 && !slices.ContainsFunc(offs, func(o int64) bool { return o >= 0 }) {
-		return GroupLag{}, errorf("ferry: lag: %w: %q on topic %q", ErrGroupNotFound, group, topic)
+		return GroupLag{}, &Error{Op: "lag", Err: fmt.Errorf("%w: %q on topic %q", ErrGroupNotFound, group, topic)}
 	}
 	return gl, nil
 }
@@ -175,12 +181,15 @@ func ResetToTime(t time.Time) ResetTo { return ResetTo{kind: resetTime, at: t} }
 func (b *Broker) ResetGroup(ctx context.Context, group, topic string, to ResetTo) ([]int64, error) {
 	offs, err := b.resetGroup(ctx, group, topic, to)
 	if err != nil {
-		return nil, errorf("ferry: reset group %q on %q: %w", group, topic, err)
+		return nil, &Error{Op: fmt.Sprintf("reset group %q on %q", group, topic), Err: err}
 	}
 	return offs, nil
 }
 
 func (b *Broker) resetGroup(ctx context.Context, group, topic string, to ResetTo) ([]int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, err
+	}
 	if group == "" || len(group) > 255 {
 		return nil, fmt.Errorf("%w: group name of %d bytes", ErrInvalidOption, len(group))
 	}
@@ -269,6 +278,9 @@ func offsetAtTime(ctx context.Context, q Queue, at time.Time, oldest, next int64
 
 // seek moves the member's held queues as to says (see [Consumer.Seek]).
 func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	if to.kind == 0 {
 		return fmt.Errorf("%w: a zero ResetTo", ErrInvalidOption)
 	}
@@ -327,7 +339,7 @@ func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
 		select {
 		case err := <-done:
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", r.id, err))
+				errs = append(errs, &Error{Op: r.id.String(), Err: err})
 			}
 		case <-r.done:
 			errs = append(errs, fmt.Errorf("%s: released: %w", r.id, ErrClosed))
@@ -335,28 +347,50 @@ func (m *groupMember) seek(ctx context.Context, to ResetTo) error {
 			return ctx.Err() // the seeks go on
 		}
 	}
-	return errors.Join(errs...)
+	return joinErrors(errs...)
+}
+
+// DeleteTopicOption configures [Broker.DeleteTopic].
+type DeleteTopicOption func(*deleteTopicConfig)
+
+type deleteTopicConfig struct {
+	force bool
+}
+
+// ForceDelete makes [Broker.DeleteTopic] delete the topic even while
+// groups are live; the consumers of it in this broker are closed first.
+// Default: a topic with a live group is [ErrGroupActive].
+func ForceDelete() DeleteTopicOption {
+	return func(c *deleteTopicConfig) { c.force = true }
 }
 
 // DeleteTopic deletes a topic: its queues, their messages, the storage's
 // metadata and the groups' cursors on it (over a cursor store with
 // [CursorGroups]). A topic with a live group (a consumer of it open in
 // this broker, or a member live elsewhere by the coordinator) is
-// [ErrGroupActive] unless force is set, and then the consumers of it in
-// this broker are closed first. The storage must implement
+// [ErrGroupActive] unless [ForceDelete] is given. The storage must implement
 // [TopicDeleter] (the memory and file storages do): otherwise
 // [ErrInvalidOption]. An unknown topic is [ErrTopicNotFound]. A later
 // Send to the topic is [ErrTopicNotFound]. Brokers sharing the storage
 // find the topic gone on their next lookup; the ones holding it open get
 // [ErrClosed] from its queues.
-func (b *Broker) DeleteTopic(ctx context.Context, name string, force bool) error {
-	if err := b.deleteTopic(ctx, name, force); err != nil {
-		return errorf("ferry: delete topic %q: %w", name, err)
+func (b *Broker) DeleteTopic(ctx context.Context, name string, opts ...DeleteTopicOption) error {
+	var cfg deleteTopicConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	if err := b.deleteTopic(ctx, name, cfg.force); err != nil {
+		return &Error{Op: fmt.Sprintf("delete topic %q", name), Err: err}
 	}
 	return nil
 }
 
 func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	t, err := b.topic(name)
 	if err != nil {
 		return err
@@ -386,7 +420,7 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 	}
 	var errs []error
 	for _, m := range local {
-		errs = append(errs, m.close())
+		errs = append(errs, m.closeAll())
 	}
 	b.mu.Lock()
 	if cur, _ := b.lookup(name); cur == t {
@@ -395,7 +429,7 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 	t.stale.Store(true)
 	b.mu.Unlock()
 	if err := td.DeleteTopic(ctx, name); err != nil {
-		return errors.Join(append(errs, err)...)
+		return joinErrors(append(errs, err)...)
 	}
 	if cg, ok := b.cursors.(CursorGroups); ok {
 		for _, g := range groups {
@@ -406,7 +440,7 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 	}
 	b.groups.invalidate(name)
 	b.log.Info("ferry: topic deleted", "topic", name, "groups", groups)
-	return errors.Join(errs...)
+	return joinErrors(errs...)
 }
 
 // AddQueues grows topic to queues queues: the existing queues and their
@@ -420,14 +454,16 @@ func (b *Broker) deleteTopic(ctx context.Context, name string, force bool) error
 // the new count when they open the topic again.
 func (b *Broker) AddQueues(ctx context.Context, topic string, queues int) error {
 	if err := b.addQueues(ctx, topic, queues); err != nil {
-		return errorf("ferry: add queues to %q: %w", topic, err)
+		return &Error{Op: fmt.Sprintf("add queues to %q", topic), Err: err}
 	}
 	return nil
 }
 
 func (b *Broker) addQueues(ctx context.Context, name string, queues int) error {
-	t, err := b.topic(name)
-	if err != nil {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
+	if _, err := b.topic(name); err != nil { // opens it if another broker made it
 		return err
 	}
 	b.mu.Lock()
@@ -435,7 +471,7 @@ func (b *Broker) addQueues(ctx context.Context, name string, queues int) error {
 	if b.closed.Load() {
 		return ErrClosed
 	}
-	t, _ = b.lookup(name)
+	t, _ := b.lookup(name)
 	if t == nil {
 		return fmt.Errorf("%w: %q", ErrTopicNotFound, name)
 	}

@@ -35,7 +35,7 @@ func TestLagAndGroups(t *testing.T) {
 			c := startConsumer(t, b, "done", tl.handler())
 			tl.waitAll(t)
 			require.Eventually(t, func() bool {
-				gl, err := b.Lag(ctx, "t", "done")
+				gl, err := b.Lag(ctx, "done", "t")
 				return err == nil && gl.Lag == 0
 			}, watchdog, time.Millisecond, "the group that read everything catches up")
 			_, err := b.ResetGroup(ctx, "half", "t", ferry.ResetToOffsets(map[int]int64{0: 0}))
@@ -65,9 +65,9 @@ func TestLagAndGroups(t *testing.T) {
 			assert.Equal(t, int64(300), total)
 			assert.Equal(t, total, half.Lag)
 
-			_, err = b.Lag(ctx, "t", "never")
+			_, err = b.Lag(ctx, "never", "t")
 			require.ErrorIs(t, err, ferry.ErrGroupNotFound, "a group without a cursor or a member")
-			_, err = b.Lag(ctx, "nope", "g")
+			_, err = b.Lag(ctx, "g", "nope")
 			require.ErrorIs(t, err, ferry.ErrTopicNotFound)
 			_, err = b.Groups(ctx, "nope")
 			require.ErrorIs(t, err, ferry.ErrTopicNotFound)
@@ -109,7 +109,7 @@ func TestResetGroup(t *testing.T) {
 			produce(t, b, "t", "b", 90, 9)
 
 			load := func(g string) []int64 {
-				offs, err := b.Lag(ctx, "t", g)
+				offs, err := b.Lag(ctx, g, "t")
 				require.NoError(t, err)
 				out := make([]int64, len(offs.Queues))
 				for i, q := range offs.Queues {
@@ -224,7 +224,7 @@ func TestLagUnderLoadIsConsistent(t *testing.T) {
 		prev[i].Committed = -1
 	}
 	check := func() {
-		gl, err := b.Lag(ctx, "t", "g")
+		gl, err := b.Lag(ctx, "g", "t")
 		require.NoError(t, err)
 		for i, q := range gl.Queues {
 			assert.GreaterOrEqual(t, q.Committed, prev[i].Committed, "queue %d committed went back", i)
@@ -244,7 +244,7 @@ func TestLagUnderLoadIsConsistent(t *testing.T) {
 	}
 	tl.waitAll(t)
 	require.Eventually(t, func() bool {
-		gl, err := b.Lag(ctx, "t", "g")
+		gl, err := b.Lag(ctx, "g", "t")
 		return err == nil && gl.Lag == 0
 	}, watchdog, time.Millisecond, "exact at quiescence")
 	check()

@@ -70,15 +70,3 @@ func BenchmarkSendBatch(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*len(batch))/b.Elapsed().Seconds(), "msgs/s")
 }
-
-func BenchmarkCodec(b *testing.B) {
-	m := sampleMessages()[2]
-	buf := make([]byte, 0, 1024)
-	b.ReportAllocs()
-	for b.Loop() {
-		buf = ferry.AppendEncode(buf[:0], m)
-		if _, _, err := ferry.Decode(buf); err != nil {
-			b.Fatal(err)
-		}
-	}
-}

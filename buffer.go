@@ -148,7 +148,7 @@ type Buffer struct {
 func NewBuffer(cfg BufferConfig) (*Buffer, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
-		return nil, errorf("ferry: new buffer: %w", err)
+		return nil, &Error{Op: "new buffer", Err: err}
 	}
 	return newBuffer(cfg), nil
 }
@@ -202,6 +202,9 @@ func (b *Buffer) Reset(next int64) {
 // which stay taken. Empty msgs returns 0 and a nil error at once. The
 // buffer keeps the pointers.
 func (b *Buffer) Put(ctx context.Context, msgs []*EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &Error{Op: "buffer put", Err: err}
+	}
 	n, _, err := b.put(ctx, msgs, true)
 	return n, err
 }
@@ -216,7 +219,7 @@ func (b *Buffer) put(ctx context.Context, msgs []*EnhancedMessage, wait bool) (i
 	for {
 		if b.closed {
 			b.mu.Unlock()
-			return 0, false, errorf("ferry: buffer put: %w", ErrClosed)
+			return 0, false, &Error{Op: "buffer put", Err: ErrClosed}
 		}
 		if err := b.checkLocked(0, msgs[0]); err != nil {
 			b.mu.Unlock()
@@ -238,7 +241,7 @@ func (b *Buffer) put(ctx context.Context, msgs []*EnhancedMessage, wait bool) (i
 		select {
 		case <-room:
 		case <-ctx.Done():
-			return 0, false, errorf("ferry: buffer put: %w", ctx.Err())
+			return 0, false, &Error{Op: "buffer put", Err: ctx.Err()}
 		}
 		b.mu.Lock()
 	}
@@ -273,10 +276,10 @@ func (b *Buffer) put(ctx context.Context, msgs []*EnhancedMessage, wait bool) (i
 // checkLocked checks msgs[i], m, for Put. b.mu held.
 func (b *Buffer) checkLocked(i int, m *EnhancedMessage) error {
 	if m == nil {
-		return errorf("ferry: buffer put: message %d: %w: nil", i, ErrInvalidMessage)
+		return &Error{Op: fmt.Sprintf("buffer put: message %d", i), Err: fmt.Errorf("%w: nil", ErrInvalidMessage)}
 	}
 	if m.Offset < b.next {
-		return errorf("ferry: buffer put: %w: offset %d after %d", ErrOffsetOutOfRange, m.Offset, b.next-1)
+		return &Error{Op: "buffer put", Err: fmt.Errorf("%w: offset %d after %d", ErrOffsetOutOfRange, m.Offset, b.next-1)}
 	}
 	return nil
 }
@@ -460,6 +463,9 @@ func (b *Buffer) Committable() int64 {
 // WaitDrained waits until no taken message is unfinished or ctx is done
 // (ctx's error). To drain for good, Close first: no take follows.
 func (b *Buffer) WaitDrained(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "buffer wait drained", Err: err}
+	}
 	b.mu.Lock()
 	if b.inflight == 0 {
 		b.mu.Unlock()
@@ -498,6 +504,9 @@ func (b *Buffer) Stats() BufferStats {
 // while handling the queue's messages, waiting until it is free or ctx is
 // done (ctx's error). It is not reentrant.
 func (b *Buffer) Lock(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "buffer lock", Err: err}
+	}
 	select {
 	case b.consume <- struct{}{}:
 		return nil

@@ -175,15 +175,6 @@ func (md *bufModel) take(k int) (taken []*EnhancedMessage, pending int) {
 	return taken, md.countState(mPending)
 }
 
-func (md *bufModel) find(m *EnhancedMessage) *modelEntry {
-	for _, e := range md.entries {
-		if m != nil && e.m == m {
-			return e
-		}
-	}
-	return nil
-}
-
 func (md *bufModel) done(msgs []*EnhancedMessage) int64 {
 	finished := make(map[*EnhancedMessage]bool)
 	for _, m := range msgs {

@@ -49,13 +49,16 @@ const (
 // coarseClock stamps messages. Off, it reads the clock (stampTime) per
 // stamp; once stamps come faster than clockBurst per clockTick it starts
 // a goroutine that refreshes a shared reading every clockTick, and stamps
-// are that reading, until clockIdleTicks pass without one. Stamps do not
-// go backwards, except where the clock switches on: a stamp read just
-// before can be later than the goroutine's first reading, by the time
-// the goroutine took between its reading and publishing it (nanoseconds,
-// unless it is preempted in between). close stops it for good.
+// are that reading, until clockIdleTicks pass without one. The stamps one
+// goroutine takes do not go backwards, across the switches too: a stamp
+// read off raises floor, and a stamp read on is the later of the tick's
+// reading and floor (without floor, a sender preempted between seeing
+// the clock off and reading it could stamp later than the first tick's
+// reading, which its next stamp would then be: seen under -race, 3 ms
+// back). close stops it for good.
 type coarseClock struct {
 	cur   atomic.Pointer[time.Time] // the latest tick's reading, while on
+	floor atomic.Int64              // Unix ns: the latest stamp read off
 	on    atomic.Bool               // the goroutine refreshes cur
 	used  atomic.Bool               // a stamp was taken since the last tick
 	reads atomic.Uint64             // stamps taken while off
@@ -79,9 +82,25 @@ func (c *coarseClock) now() time.Time {
 		if !c.used.Load() {
 			c.used.Store(true) // written once a tick, not per stamp
 		}
-		return *c.cur.Load()
+		t := *c.cur.Load()
+		if f := c.floor.Load(); f > t.UnixNano() {
+			return time.Unix(0, f) // a stamp read off, after this tick's reading
+		}
+		return t
 	}
 	t := stampTime()
+	for ns := t.UnixNano(); ; {
+		f := c.floor.Load()
+		if f >= ns {
+			if f > ns { // another goroutine's stamp, read off a newer clock base
+				t = time.Unix(0, f)
+			}
+			break
+		}
+		if c.floor.CompareAndSwap(f, ns) {
+			break
+		}
+	}
 	if c.reads.Add(1)%clockBurst == 0 {
 		at := int64(t.Sub(c.epoch))
 		if prev := c.mark.Swap(at); at-prev < int64(clockTick) {

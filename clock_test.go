@@ -138,3 +138,19 @@ func TestProducerStampsFromCoarseClock(t *testing.T) {
 	require.NoError(t, b.Close())
 	assert.False(t, b.clock.on.Load())
 }
+
+// A goroutine's stamps do not go backwards where the coarse clock
+// switches on: a stamp read off just after the first tick's reading (the
+// sender was preempted between seeing the clock off and reading it) is
+// not followed by that older reading.
+func TestCoarseClockMonotoneAcrossSwitchOn(t *testing.T) {
+	c := newCoarseClock()
+	defer c.close()
+	tick := time.Now().Add(-2 * time.Millisecond)
+	c.cur.Store(&tick) // the first tick's reading, taken 2 ms before...
+	s1 := c.now()      // ...this stamp, read with the clock still off
+	c.on.Store(true)   // then the tick publishes it
+	s2 := c.now()
+	assert.False(t, s2.Before(s1), "stamp %v after %v", s2, s1)
+	c.on.Store(false)
+}

@@ -3,7 +3,7 @@ package ferry
 import (
 	"context"
 	"errors"
-	"strings"
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
@@ -73,25 +73,29 @@ func (c *Consumer) deliverer() *deliverer { return c.d.Load() }
 // invalid (see [ValidateTopicName]) without [WithDeadLetter]; after the
 // broker's Close it is [ErrClosed].
 func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOption) (*Consumer, error) {
-	cfg, err := newConsumerConfig(group, topic, opts)
+	cfg, err := newConsumerConfig(group, topic, func(c *consumerConfig) {
+		for _, o := range opts {
+			if o != nil {
+				o.applyConsumer(c)
+			}
+		}
+	})
 	if err != nil {
-		return nil, errorf("ferry: new consumer: %w", err)
+		return nil, &Error{Op: "new consumer", Err: err}
 	}
-	switch {
-	case h == nil:
-		return nil, errorf("ferry: new consumer: %w: nil handler", ErrInvalidOption)
-	case len(cfg.pullOnly) > 0:
-		return nil, errorf("ferry: new consumer: %w: %s is for pull consumers", ErrInvalidOption, strings.Join(cfg.pullOnly, ", "))
+	if h == nil {
+		return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: nil handler", ErrInvalidOption)}
 	}
 	if err := ValidateTopicName(cfg.deadLetter); err != nil {
-		return nil, errorf("ferry: new consumer: %w: dead-letter topic: %w (set WithDeadLetter)", ErrInvalidOption, err)
+		return nil, &Error{Op: "new consumer: dead-letter topic (set WithDeadLetter)", Err: fmt.Errorf("%w: %w", ErrInvalidOption, err)}
 	}
 	if b.closed.Load() {
-		return nil, errorf("ferry: new consumer: %w", ErrClosed)
+		return nil, &Error{Op: "new consumer", Err: ErrClosed}
 	}
 	cfg.retryTopic = RetryTopic(group, topic)
 	c := &Consumer{m: newGroupMember(b, group, topic, cfg), h: h}
 	c.m.onChanged = func() { _ = c.ensureRetry(c.m.life, false) }
+	c.m.closeOwner = c.Close
 	return c, nil
 }
 
@@ -105,8 +109,11 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 // If the allocator's first split is broken, Start reports it (see
 // [WithOnError]) and does not wait for the locks.
 func (c *Consumer) Start(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "start consumer", Err: err}
+	}
 	if err := c.createDeadLetter(ctx); err != nil {
-		return errorf("ferry: start consumer: dead-letter topic %q: %w", c.m.cfg.deadLetter, err)
+		return &Error{Op: fmt.Sprintf("start consumer: dead-letter topic %q", c.m.cfg.deadLetter), Err: err}
 	}
 	err := c.m.start(ctx, func() {
 		d := newDeliverer(c.m, c.h)
@@ -123,7 +130,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		c.m.sched.max = c.m.cfg.concurrency
 	})
 	if err != nil {
-		return errorf("ferry: start consumer: %w", err)
+		return &Error{Op: "start consumer", Err: err}
 	}
 	if c.m.cfg.retryOf == "" && c.m.offQueue() {
 		if err := c.ensureRetry(ctx, false); err != nil {
@@ -164,7 +171,7 @@ func (c *Consumer) Close() error {
 	rc := c.retry
 	c.retryMu.Unlock()
 	if rc != nil {
-		err = errors.Join(err, rc.Close())
+		err = joinErrors(err, rc.Close())
 	}
 	return err
 }
@@ -181,35 +188,30 @@ func (c *Consumer) Assigned() []QueueID { return c.m.assigned() }
 // [ErrInvalidOption] and nothing changes.
 func (c *Consumer) Pause(queues ...QueueID) error {
 	if err := c.m.pause(true, queues); err != nil {
-		return errorf("ferry: pause: %w", err)
+		return &Error{Op: "pause", Err: err}
 	}
-	c.pauseRetries(true, queues)
+	c.pauseRetries()
 	return nil
 }
 
-// pauseRetries pauses (or resumes) the retries of the given queues, or of
-// every queue when none is given: the same queues of the retry topic.
-func (c *Consumer) pauseRetries(p bool, queues []QueueID) {
+// pauseRetries makes the retry reader's queues paused as the consumer's
+// are (see groupMember.pausesRetryQueue).
+func (c *Consumer) pauseRetries() {
 	c.retryMu.Lock()
 	rc := c.retry
 	c.retryMu.Unlock()
-	if rc == nil {
-		return
+	if rc != nil {
+		rc.m.repause()
 	}
-	ids := make([]QueueID, 0, len(queues))
-	for _, q := range queues {
-		ids = append(ids, QueueID{Topic: rc.m.topic, Queue: q.Queue})
-	}
-	_ = rc.m.pause(p, ids) // a queue beyond the retry topic's: nothing to pause
 }
 
 // Resume undoes [Consumer.Pause] for the given queues, or for every queue
 // when none is given.
 func (c *Consumer) Resume(queues ...QueueID) error {
 	if err := c.m.pause(false, queues); err != nil {
-		return errorf("ferry: resume: %w", err)
+		return &Error{Op: "resume", Err: err}
 	}
-	c.pauseRetries(false, queues)
+	c.pauseRetries()
 	return nil
 }
 
@@ -229,7 +231,7 @@ func (c *Consumer) Paused() []QueueID { return c.m.pausedQueues() }
 // owner starts from the cursor as it was.
 func (c *Consumer) Seek(ctx context.Context, to ResetTo) error {
 	if err := c.m.seek(ctx, to); err != nil {
-		return errorf("ferry: seek: %w", err)
+		return &Error{Op: "seek", Err: err}
 	}
 	return nil
 }

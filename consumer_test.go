@@ -71,7 +71,6 @@ func TestConsumerOptionsValidation(t *testing.T) {
 		"start":       {ferry.WithStartFrom(7)},
 		"tags":        {ferry.WithTags("")},
 		"allocator":   {ferry.WithAllocator(nil)},
-		"autocommit":  {ferry.WithAutoCommit()},
 		"dlq":         {ferry.WithDeadLetter("bad name")},
 	}
 	for name, opts := range bad {
@@ -213,7 +212,7 @@ func TestConsumerReportsQueueReadingNothing(t *testing.T) {
 	c := newTally(n)
 	startConsumer(t, b, "g", c.handler(), onErr)
 	err := <-errs
-	assert.Contains(t, err.Error(), "ferry_test.emptyReadQueue read 0 messages")
+	assert.Contains(t, err.Error(), "ferry: fetch t[0]: queue *ferry_test.emptyReadQueue read: invalid message: 0 messages into 16")
 	produce(t, b, "t", "x", n, 1)
 	c.waitAll(t) // the fetch loop went on after the bad read
 	assert.Equal(t, n, c.distinct())

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // GroupKey names a group of members sharing the queues of one topic.
@@ -37,7 +38,8 @@ func (g GroupKey) String() string { return g.Scope + "/" + g.Topic }
 //
 // Implementations must be safe for concurrent use. After Close, Join and
 // Members return [ErrClosed] and every session ends; Close is
-// idempotent. Package ferrytest holds the conformance suite
+// idempotent. A nil ctx, here and in the methods of [Session] and
+// [Lease], is [ErrInvalidOption] and changes nothing. Package ferrytest holds the conformance suite
 // (TestCoordinator) and a fake that expires sessions and leases on demand.
 type Coordinator interface {
 	// Join adds member to group g and returns its session; every session
@@ -78,11 +80,13 @@ type Session interface {
 	// for the implementation is [ErrInvalidOption]. A session must not
 	// lock a queue it holds.
 	Lock(ctx context.Context, queue int) (Lease, error)
-	// Leave ends the session: its leases are released and the others are
-	// told. Leaving twice, or after expiry, is a no-op. The session ends
-	// even when Leave returns an error; the error says that the others
-	// may not have been told, and see the member go only when its session
-	// expires (see [Coordinator.Members]).
+	// Leave ends the session: every lease it did not release is lost
+	// (Lost closed, before anyone else can lock its queue, as for any
+	// session that ends) and its lock freed, and the others are told.
+	// Leaving twice, or after expiry, is a no-op. The session ends even
+	// when Leave returns an error; the error says that the others may not
+	// have been told, and see the member go only when its session expires
+	// (see [Coordinator.Members]).
 	Leave(ctx context.Context) error
 }
 
@@ -102,6 +106,22 @@ type Lease interface {
 	// Release gives the lock up if the lease still holds it; otherwise it
 	// does nothing. Idempotent.
 	Release(ctx context.Context) error
+}
+
+// DeadlineLease is a [Lease] that knows, by its holder's own clock, when
+// it may have expired: a lease renewed by heartbeats (natsstore's) counts
+// itself lost at its last confirmed renewal plus its TTL, minus a safety
+// margin. Its holder starts no work on the queue after the deadline, even
+// before Lost is closed: a process paused past its TTL (SIGSTOP, a long
+// GC, a stalled VM) wakes with its timers not yet run, and must not hand
+// a message the group has moved on to its handler. Optional: a lease
+// that cannot expire (MemoryCoordinator's) need not implement it.
+type DeadlineLease interface {
+	Lease
+	// Deadline returns the time after which the lease may have expired,
+	// and ok; ok is false while it has no deadline. It grows with each
+	// renewal. Safe for concurrent use.
+	Deadline() (deadline time.Time, ok bool)
 }
 
 // MemoryCoordinator is the in-memory [Coordinator], the default: it
@@ -150,19 +170,22 @@ func validateJoin(g GroupKey, member string) error {
 
 // Join implements [Coordinator].
 func (c *MemoryCoordinator) Join(ctx context.Context, g GroupKey, member string) (Session, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: err}
+	}
 	if err := validateJoin(g, member); err != nil {
-		return nil, errorf("ferry: join %s: %w", g, err)
+		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, errorf("ferry: join %s: %w", g, err)
+		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: err}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, errorf("ferry: join %s: %w", g, ErrClosed)
+		return nil, &Error{Op: fmt.Sprintf("join %s", g), Err: ErrClosed}
 	}
 	if slices.ContainsFunc(c.groups[g], func(s *memSession) bool { return s.member == member }) {
-		return nil, errorf("ferry: join: %w: member %q already in group %q of topic %q", ErrInvalidOption, member, g.Scope, g.Topic)
+		return nil, &Error{Op: "join", Err: fmt.Errorf("%w: member %q already in group %q of topic %q", ErrInvalidOption, member, g.Scope, g.Topic)}
 	}
 	s := &memSession{c: c, g: g, member: member, changed: make(chan struct{}, 1), done: make(chan struct{})}
 	c.groups[g] = append(c.groups[g], s)
@@ -207,13 +230,16 @@ func mapKeysOf[V any](m map[string]V) func(func(string) bool) {
 
 // Members implements [Coordinator].
 func (c *MemoryCoordinator) Members(ctx context.Context, g GroupKey) ([]string, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: fmt.Sprintf("members of %s", g), Err: err}
+	}
 	if err := ctx.Err(); err != nil {
-		return nil, errorf("ferry: members of %s: %w", g, err)
+		return nil, &Error{Op: fmt.Sprintf("members of %s", g), Err: err}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, errorf("ferry: members of %s: %w", g, ErrClosed)
+		return nil, &Error{Op: fmt.Sprintf("members of %s", g), Err: ErrClosed}
 	}
 	return c.membersLocked(g), nil
 }
@@ -228,7 +254,7 @@ func (c *MemoryCoordinator) Close() error {
 	c.closed = true
 	for _, ms := range c.groups {
 		for _, s := range slices.Clone(ms) { // each unlists itself
-			s.endLocked(true)
+			s.endLocked()
 		}
 	}
 	return nil
@@ -270,15 +296,18 @@ func (s *memSession) Members() []string {
 }
 
 func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: fmt.Sprintf("lock %s queue %d", s.g, queue), Err: err}
+	}
 	if queue < 0 || queue >= MaxQueues {
-		return nil, errorf("ferry: lock %s queue %d: %w: out of range", s.g, queue, ErrInvalidOption)
+		return nil, &Error{Op: fmt.Sprintf("lock %s queue %d", s.g, queue), Err: fmt.Errorf("%w: out of range", ErrInvalidOption)}
 	}
 	k := lockKey{s.g, queue}
 	for {
 		s.c.mu.Lock()
 		if s.ended {
 			s.c.mu.Unlock()
-			return nil, errorf("ferry: lock %s queue %d: %w", s.g, queue, ErrSessionExpired)
+			return nil, &Error{Op: fmt.Sprintf("lock %s queue %d", s.g, queue), Err: ErrSessionExpired}
 		}
 		l := s.c.locks[k]
 		if l == nil {
@@ -292,7 +321,7 @@ func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
 		case <-freed:
 		case <-s.done:
 		case <-ctx.Done():
-			return nil, errorf("ferry: lock %s queue %d: %w", s.g, queue, ctx.Err())
+			return nil, &Error{Op: fmt.Sprintf("lock %s queue %d", s.g, queue), Err: ctx.Err()}
 		}
 	}
 }
@@ -328,21 +357,25 @@ type lockTrier interface {
 }
 
 func (s *memSession) Leave(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: fmt.Sprintf("leave %s", s.g), Err: err}
+	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
-	s.endLocked(false)
+	s.endLocked()
 	return nil
 }
 
-// endLocked ends the session: its leases are released (lost, unless it
-// left) and the group is told. s.c.mu held.
-func (s *memSession) endLocked(lost bool) {
+// endLocked ends the session: its leases are lost (Lost closed before
+// their locks are freed), the group is told, then Done is closed.
+// s.c.mu held.
+func (s *memSession) endLocked() {
 	if s.ended {
 		return
 	}
 	s.ended = true
 	for len(s.leases) > 0 {
-		s.leases[len(s.leases)-1].freeLocked(lost) // it unlists itself
+		s.leases[len(s.leases)-1].freeLocked(true) // it unlists itself
 	}
 	if ms := s.c.groups[s.g]; slices.Contains(ms, s) {
 		if ms = slices.DeleteFunc(ms, func(o *memSession) bool { return o == s }); len(ms) == 0 {
@@ -404,6 +437,9 @@ func (l *memLease) freedLocked() chan struct{} {
 }
 
 func (l *memLease) Release(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: fmt.Sprintf("release %s queue %d", l.k.g, l.k.q), Err: err}
+	}
 	l.s.c.mu.Lock()
 	defer l.s.c.mu.Unlock()
 	l.freeLocked(false)
@@ -452,8 +488,9 @@ func (l *memLease) afterLost(f func()) bool {
 }
 
 // lostNotifier is implemented by the leases of this package's
-// coordinators (and ferrytest's fake): they call f when lost, so that the
-// consumer watches them without a goroutine each.
+// coordinator (an unexported method: no other package's lease can): they
+// call f when lost, so that the consumer watches them without a goroutine
+// each; other leases are watched by a goroutine on Lost.
 type lostNotifier interface {
 	afterLost(f func()) bool
 }

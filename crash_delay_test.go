@@ -357,7 +357,7 @@ func delayCrashRound(t *testing.T, round, lines int) crashStats {
 			} else if tm.Name != crashTopic && tm.Name != ferry.RetryTopic(crashGroup, crashTopic) {
 				continue
 			}
-			lag, err := b.Lag(ctx, tm.Name, group)
+			lag, err := b.Lag(ctx, group, tm.Name)
 			if err != nil || lag.Lag != 0 {
 				return false
 			}

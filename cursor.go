@@ -24,7 +24,9 @@ type Cursors struct {
 // CursorStore is where cursors persist.
 //
 // Implementations must be safe for concurrent use. After Close every method
-// but Close returns [ErrClosed]; Close is idempotent.
+// but Close returns [ErrClosed]; Close is idempotent. A nil ctx is
+// [ErrInvalidOption]. The seam takes topic before group; user calls take
+// group first.
 type CursorStore interface {
 	// Load returns one next-offset per queue (queues of them) of topic for
 	// group; -1 where nothing was committed. An invalid topic name or a
@@ -46,7 +48,8 @@ type CursorStore interface {
 // only the groups this broker has seen consume hold back Block queues.
 //
 // Implementations must be safe for concurrent use; after Close both
-// methods return [ErrClosed].
+// methods return [ErrClosed]; a nil ctx is [ErrInvalidOption]. The seam
+// takes topic before group; user calls take group first.
 type CursorGroups interface {
 	// Cursors returns the cursor of every group with a commit on topic,
 	// each with queues offsets (-1 for a queue with no commit). An
@@ -68,15 +71,18 @@ type CursorGroups interface {
 // ErrFenced as the loss of its lease. A plain Commit (an operator's
 // reset, say) leaves the token as it is. A store that wraps another
 // store with this interface (to count or delay commits, say) must wrap
-// CommitFenced too, or the consumer's commits bypass its Commit.
+// CommitFenced too, or the consumer's commits bypass its Commit. A nil
+// ctx is [ErrInvalidOption]. The seam takes topic before group; user
+// calls take group first.
 type FencedCursorStore interface {
 	CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error
 }
 
-// ValidateCursorsArgs checks the arguments of [CursorGroups.Cursors]: a
-// valid topic name and a queue count in range. Errors wrap
-// [ErrInvalidTopic].
-func ValidateCursorsArgs(topic string, queues int) error {
+// ValidateTopicCursorsArgs checks the arguments of a call about every
+// group's cursors on a topic ([CursorGroups.Cursors]): a valid topic name
+// and a queue count in range. Errors wrap [ErrInvalidTopic], for the
+// store to wrap in its [Error]. For store implementers.
+func ValidateTopicCursorsArgs(topic string, queues int) error {
 	if err := ValidateTopicName(topic); err != nil {
 		return err
 	}
@@ -122,11 +128,15 @@ func NewMemoryCursorStore() *MemoryCursorStore {
 	return &MemoryCursorStore{offsets: map[string]map[string]*memCursor{}}
 }
 
-// ValidateCursorArgs checks the arguments CursorStore implementations share:
-// a valid topic name, a group name of 1 to 255 bytes and a queue count or
-// index in range. Errors wrap [ErrInvalidTopic] or [ErrInvalidOption].
-func ValidateCursorArgs(topic, group string, queue int) error {
-	if err := ValidateCursorsArgs(topic, queue); err != nil {
+// ValidateGroupCursorArgs checks the arguments of a call about one group's
+// cursor on a topic ([CursorStore.Load], [CursorStore.Commit],
+// [FencedCursorStore.CommitFenced], [CursorGroups.Forget]): a valid topic
+// name, a group name of 1 to 255 bytes and a queue count or index in
+// range. Errors wrap [ErrInvalidTopic] or [ErrInvalidOption], for the store
+// to wrap in its [Error]. For store implementers. The seam takes topic
+// before group; user calls take group first.
+func ValidateGroupCursorArgs(topic, group string, queue int) error {
+	if err := ValidateTopicCursorsArgs(topic, queue); err != nil {
 		return err
 	}
 	if group == "" || len(group) > 255 {
@@ -137,16 +147,19 @@ func ValidateCursorArgs(topic, group string, queue int) error {
 
 // Load implements [CursorStore].
 func (s *MemoryCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ValidateCursorArgs(topic, group, queues); err != nil {
-		return nil, errorf("ferry: load cursor: %w", err)
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "load cursor", Err: err}
+	}
+	if err := ValidateGroupCursorArgs(topic, group, queues); err != nil {
+		return nil, &Error{Op: "load cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, errorf("ferry: load cursor: %w", err)
+		return nil, &Error{Op: "load cursor", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errorf("ferry: load cursor: %w", ErrClosed)
+		return nil, &Error{Op: "load cursor", Err: ErrClosed}
 	}
 	var offs []int64
 	if c := s.offsets[topic][group]; c != nil {
@@ -168,28 +181,34 @@ func fillCursor(offs []int64, queues int) []int64 {
 
 // Commit implements [CursorStore].
 func (s *MemoryCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "commit cursor", Err: err}
+	}
 	return s.commit(ctx, topic, group, queue, offset, 0, false)
 }
 
 // CommitFenced implements [FencedCursorStore].
 func (s *MemoryCursorStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "commit cursor", Err: err}
+	}
 	return s.commit(ctx, topic, group, queue, offset, token, true)
 }
 
 func (s *MemoryCursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
-	if err := ValidateCursorArgs(topic, group, queue); err != nil {
-		return errorf("ferry: commit cursor: %w", err)
+	if err := ValidateGroupCursorArgs(topic, group, queue); err != nil {
+		return &Error{Op: "commit cursor", Err: err}
 	}
 	if offset < 0 {
-		return errorf("ferry: commit cursor: %w: offset %d", ErrOffsetOutOfRange, offset)
+		return &Error{Op: "commit cursor", Err: fmt.Errorf("%w: offset %d", ErrOffsetOutOfRange, offset)}
 	}
 	if err := ctx.Err(); err != nil {
-		return errorf("ferry: commit cursor: %w", err)
+		return &Error{Op: "commit cursor", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errorf("ferry: commit cursor: %w", ErrClosed)
+		return &Error{Op: "commit cursor", Err: ErrClosed}
 	}
 	return s.commitLocked(s.cursorLocked(topic, group), topic, group, queue, offset, token, fenced)
 }
@@ -217,7 +236,7 @@ func (s *MemoryCursorStore) commitLocked(c *memCursor, topic, group string, queu
 	}
 	if fenced {
 		if last := c.tokens[queue]; token < last {
-			return errorf("ferry: commit cursor %s/%s[%d]: %w: token %d, last %d", topic, group, queue, ErrFenced, token, last)
+			return &Error{Op: fmt.Sprintf("commit cursor %s/%s[%d]", topic, group, queue), Err: fmt.Errorf("%w: token %d, last %d", ErrFenced, token, last)}
 		}
 		c.tokens[queue] = token
 	}
@@ -226,7 +245,7 @@ func (s *MemoryCursorStore) commitLocked(c *memCursor, topic, group string, queu
 }
 
 // slot returns queue's cursor of group on topic, for commitSlot; the
-// arguments must be valid (see ValidateCursorArgs).
+// arguments must be valid (see ValidateGroupCursorArgs).
 func (s *MemoryCursorStore) slot(topic, group string, queue int) *cursorSlot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -237,12 +256,12 @@ func (s *MemoryCursorStore) slot(topic, group string, queue int) *cursorSlot {
 func (sl *cursorSlot) commit(offset int64, token uint64) error {
 	s := sl.s
 	if offset < 0 {
-		return errorf("ferry: commit cursor: %w: offset %d", ErrOffsetOutOfRange, offset)
+		return &Error{Op: "commit cursor", Err: fmt.Errorf("%w: offset %d", ErrOffsetOutOfRange, offset)}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errorf("ferry: commit cursor: %w", ErrClosed)
+		return &Error{Op: "commit cursor", Err: ErrClosed}
 	}
 	c := sl.c
 	if c.gone {
@@ -254,16 +273,19 @@ func (sl *cursorSlot) commit(offset int64, token uint64) error {
 
 // Cursors implements [CursorGroups].
 func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues int) (Cursors, error) {
-	if err := ValidateCursorsArgs(topic, queues); err != nil {
-		return Cursors{}, errorf("ferry: list cursors: %w", err)
+	if err := checkContext(ctx); err != nil {
+		return Cursors{}, &Error{Op: "list cursors", Err: err}
+	}
+	if err := ValidateTopicCursorsArgs(topic, queues); err != nil {
+		return Cursors{}, &Error{Op: "list cursors", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return Cursors{}, errorf("ferry: list cursors: %w", err)
+		return Cursors{}, &Error{Op: "list cursors", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return Cursors{}, errorf("ferry: list cursors: %w", ErrClosed)
+		return Cursors{}, &Error{Op: "list cursors", Err: ErrClosed}
 	}
 	out := Cursors{Topic: topic, Groups: make(map[string]Cursor, len(s.offsets[topic]))}
 	for group, c := range s.offsets[topic] {
@@ -274,16 +296,19 @@ func (s *MemoryCursorStore) Cursors(ctx context.Context, topic string, queues in
 
 // Forget implements [CursorGroups].
 func (s *MemoryCursorStore) Forget(ctx context.Context, topic, group string) error {
-	if err := ValidateCursorArgs(topic, group, 0); err != nil {
-		return errorf("ferry: forget cursor: %w", err)
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "forget cursor", Err: err}
+	}
+	if err := ValidateGroupCursorArgs(topic, group, 0); err != nil {
+		return &Error{Op: "forget cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return errorf("ferry: forget cursor: %w", err)
+		return &Error{Op: "forget cursor", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errorf("ferry: forget cursor: %w", ErrClosed)
+		return &Error{Op: "forget cursor", Err: ErrClosed}
 	}
 	if c := s.offsets[topic][group]; c != nil {
 		c.gone = true

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math/bits"
 	"os"
@@ -544,7 +545,7 @@ func parseDelayed(msg *EnhancedMessage) (*delayAction, error) {
 	q, err3 := strconv.Atoi(msg.Headers[headerDelayQueue])
 	topic := msg.Headers[headerDelayTopic]
 	if err := errors.Join(err1, err2, err3); err != nil || topic == "" || q < 0 {
-		return nil, errors.Join(ErrInvalidMessage, err)
+		return nil, fmt.Errorf("%w: delay headers: %v", ErrInvalidMessage, err)
 	}
 	a := &delayAction{deliverAt: time.Unix(0, at), hop: time.Unix(0, hop), target: QueueID{Topic: topic, Queue: q}, msg: msg}
 	// With less than two windows left after its hop, it is delivered when

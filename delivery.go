@@ -1,19 +1,13 @@
 package ferry
 
 import (
-	"container/heap"
 	"context"
-	"errors"
 	"fmt"
-	"maps"
-	"math"
 	"runtime"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 )
 
 // Delivery is what the consumer tells a handler about the delivery it is
@@ -33,8 +27,11 @@ type Delivery struct {
 type deliveryKey struct{}
 
 // DeliveryFrom returns the [Delivery] in a handler's context, and false
-// outside a handler.
+// outside a handler (a nil ctx included).
 func DeliveryFrom(ctx context.Context) (Delivery, bool) {
+	if ctx == nil {
+		return Delivery{}, false
+	}
 	d, ok := ctx.Value(deliveryKey{}).(*Delivery)
 	if !ok || d == nil {
 		return Delivery{}, false
@@ -70,20 +67,6 @@ func (c *deliveryCtx) Value(key any) any {
 	}
 	return c.Context.Value(key)
 }
-
-// Permanent marks err as not worth retrying: the message goes to the
-// dead-letter topic at once. Permanent(nil) is nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err: err}
-}
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
 
 // Headers the consumer sets on a message it sends to the dead-letter
 // topic (beside the message's own headers).
@@ -125,32 +108,11 @@ type deliverer struct {
 	producer  *Producer
 }
 
-// retryItem is a message waiting for its next attempt (concurrent mode),
-// or, with a cause, for another try of its dead-letter send.
-type retryItem struct {
-	r       *queueRun
-	msg     *EnhancedMessage
-	attempt int // the attempt to make; with a cause, the attempts made
-	due     time.Time
-	cause   error     // the handler's last error, when the dead letter (or the retry write) failed
-	tries   int       // with a cause, the send to make, from 2
-	resend  bool      // with a cause: the write to the retry topic failed, not the dead letter
-	id      MessageID // with resend: the ID of that write
-}
-
 func newDeliverer(m *groupMember, h Handler) *deliverer {
 	d := &deliverer{m: m, h: h, retryWake: make(chan struct{}, 1)}
 	d.cost.Store(int64(shareBudget)) // slow until measured (see runBatch)
 	return d
 }
-
-// urgent counts the rebalances and queue takes in progress in the
-// process. While it is not zero, workers yield the processor between
-// batches: with CPU-bound handlers on every core, the goroutines that
-// release and take queues would otherwise wait behind them for whole
-// scheduler time slices (measured: a member joining a group of 256 queues
-// whose 20 workers spun took 0.45–1.1 s; with the yield, 59–69 ms).
-var urgent atomic.Int32
 
 // yieldEvery is how long a worker handles batches before it yields the
 // processor anyway, so that a goroutine that has just become runnable
@@ -279,7 +241,7 @@ func (d *deliverer) serve(w *worker, r *queueRun, it *retryItem) {
 	dctx := w.dctx
 	switch {
 	case it != nil:
-		if it.r.releasing.Load() {
+		if it.r.releasing.Load() || it.r.expired() {
 			it.r.buf.abandon(it.msg) // the next owner gets it again
 			return
 		}
@@ -334,9 +296,10 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	}
 	batch := w.batch
 	for i, msg := range batch[:n] {
-		if r.finished.Load() {
-			// Released (the drain timed out): what has not
-			// started goes back unfinished, to the next owner.
+		if r.finished.Load() || r.expired() {
+			// Released (the drain timed out), or the lease may have
+			// expired (the process was paused past its TTL): what has
+			// not started goes back unfinished, to the next owner.
 			r.buf.abandon(batch[i:n]...)
 			break
 		}
@@ -360,7 +323,7 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	clear(batch[:n])
 	clear(finished)
 	w.finished = finished
-	if urgent.Load() > 0 || timed && end.Sub(w.yielded) > yieldEvery {
+	if m.b.urgent.Load() > 0 || timed && end.Sub(w.yielded) > yieldEvery {
 		// Let a rebalance, or whatever else waits, run (see urgent).
 		runtime.Gosched()
 		w.yielded = end
@@ -376,7 +339,7 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 	}
 	dctx.Context = r.hctx
 	for range 64 {
-		if r.releasing.Load() || r.paused.Load() || r.seeking.Load() {
+		if r.expired() || !r.admits() {
 			break
 		}
 		n, _ := r.buf.Take(one)
@@ -410,6 +373,9 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage) bool {
 	m := d.m
 	for attempt := 1; ; attempt++ {
+		if r.expired() {
+			return false
+		}
 		err := d.call(dctx, msg, attempt)
 		if err == nil {
 			return true
@@ -476,20 +442,6 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 	return false
 }
 
-// deadLetterOrRetry makes dead-letter send number try of msg, which failed
-// attempts times with cause, and reports whether it went. If it did not,
-// msg stays unfinished and in flight: another try is scheduled after a
-// backoff, as for a failed handling.
-func (d *deliverer) deadLetterOrRetry(r *queueRun, msg *EnhancedMessage, attempts int, cause error, try int) bool {
-	if d.deadLetter(r, msg, attempts, cause) {
-		return true
-	}
-	m := d.m
-	d.schedule(&retryItem{r: r, msg: msg, attempt: attempts, cause: cause, tries: try + 1,
-		due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, try))})
-	return false
-}
-
 // call runs the handler once, turning a panic into an error, through the
 // hooks when there are.
 func (d *deliverer) call(dctx *deliveryCtx, msg *EnhancedMessage, attempt int) error {
@@ -524,7 +476,7 @@ func (d *deliverer) callHooked(hs *hookSet, dctx *deliveryCtx, msg *EnhancedMess
 func (d *deliverer) safeHandle(dctx *deliveryCtx, ctx context.Context, msg *EnhancedMessage) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = errorf("ferry: handler panic: %v", p)
+			err = &Error{Op: "handler panic", Err: fmt.Errorf("%v", p)}
 			d.m.b.log.Error("ferry: handler panic", "group", d.m.group, "queue", msg.QueueID().String(),
 				"offset", msg.Offset, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		}
@@ -535,190 +487,4 @@ func (d *deliverer) safeHandle(dctx *deliveryCtx, ctx context.Context, msg *Enha
 		}
 	}()
 	return d.h.Handle(ctx, msg)
-}
-
-// IsPermanent reports whether err was marked with [Permanent] (anywhere
-// in its chain): the consumer sends its message to the dead-letter topic
-// without retrying. For hooks and middleware that report failures.
-func IsPermanent(err error) bool { return isPermanent(err) }
-
-func isPermanent(err error) bool {
-	var p *permanentError
-	return errors.As(err, &p)
-}
-
-// backoff returns the wait before attempt+1: base doubled per attempt
-// after the first, capped at limit.
-func backoff(base, limit time.Duration, attempt int) time.Duration {
-	w := base
-	for i := 1; i < attempt && w < limit; i++ {
-		w *= 2
-	}
-	return min(w, limit)
-}
-
-// maxErrorHeader bounds the [HeaderError] value of a dead letter, in bytes:
-// the headers the consumer adds to a dead letter take at most a few
-// hundred bytes more.
-const maxErrorHeader = 1024
-
-// clip returns s cut to at most n bytes, on a UTF-8 boundary, marked "…"
-// when cut.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
-
-// deadLetter sends msg to the dead-letter topic, creating the topic (one
-// queue) if needed, and reports whether it went (a failure is reported;
-// the caller tries again).
-func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, cause error) bool {
-	m := d.m
-	msg = d.view(msg)
-	p, err := d.dlqProducer(r.hctx)
-	var res SendResult
-	if err == nil {
-		h := make(map[string]string, len(msg.Headers)+7)
-		maps.Copy(h, msg.Headers)
-		h[HeaderOriginTopic] = msg.Topic
-		h[HeaderOriginQueue] = strconv.Itoa(msg.Queue)
-		h[HeaderOriginOffset] = strconv.FormatInt(msg.Offset, 10)
-		h[HeaderOriginID] = msg.ID.String()
-		h[HeaderGroup] = m.group
-		h[HeaderAttempts] = strconv.Itoa(attempts)
-		h[HeaderError] = clip(cause.Error(), maxErrorHeader)
-		res, err = p.Send(r.hctx, &Message{Topic: m.cfg.deadLetter, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body})
-	}
-	if err != nil {
-		m.report(errorf("ferry: dead letter %s offset %d to %q: %w (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, m.cfg.deadLetter, err))
-		return false
-	}
-	d.deadLettered.Add(1)
-	m.hooks.onDeadLettered(msg, res, attempts, cause)
-	m.b.log.Warn("ferry: dead letter", "group", m.group, "queue", msg.QueueID().String(), "offset", msg.Offset,
-		"attempts", attempts, "topic", m.cfg.deadLetter, "err", cause)
-	return true
-}
-
-func (d *deliverer) dlqProducer(ctx context.Context) (*Producer, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.producer != nil {
-		return d.producer, nil
-	}
-	b := d.m.b
-	if _, ok := b.Topic(d.m.cfg.deadLetter); !ok {
-		err := b.CreateTopic(ctx, TopicMeta{Name: d.m.cfg.deadLetter, Queues: 1})
-		if err != nil && !errors.Is(err, ErrTopicExists) {
-			return nil, err
-		}
-	}
-	// No size bound of its own: a message a producer could send, plus the
-	// headers added here, can always be dead-lettered (the queue's own
-	// limits still apply; a refused send is retried and reported).
-	p, err := b.NewProducer(WithProducerName(d.m.cfg.memberID), WithMaxMessageBytes(math.MaxInt))
-	if err != nil {
-		return nil, err
-	}
-	d.producer = p
-	return p, nil
-}
-
-// schedule queues a retry for its due time, or abandons the message when
-// its queue is being released: the next owner attempts it again, so a
-// release never waits out a backoff.
-func (d *deliverer) schedule(it *retryItem) {
-	d.mu.Lock()
-	if it.r.releasing.Load() {
-		d.mu.Unlock()
-		it.r.buf.abandon(it.msg)
-		return
-	}
-	heap.Push(&d.delayed, it)
-	if !d.looping {
-		d.looping = true
-		d.m.wg.Add(1) // a worker calls schedule: the member's count is not zero
-		go d.retryLoop()
-	}
-	d.mu.Unlock()
-	select {
-	case d.retryWake <- struct{}{}:
-	default:
-	}
-}
-
-// dropRetries abandons the retries waiting for r, which is being released
-// (r.releasing is set): their messages stay unfinished for the next owner.
-func (d *deliverer) dropRetries(r *queueRun) {
-	d.mu.Lock()
-	var dropped []*EnhancedMessage
-	kept := d.delayed[:0]
-	for _, it := range d.delayed {
-		if it.r == r {
-			dropped = append(dropped, it.msg)
-		} else {
-			kept = append(kept, it)
-		}
-	}
-	clear(d.delayed[len(kept):])
-	d.delayed = kept
-	heap.Init(&d.delayed)
-	d.mu.Unlock()
-	r.buf.abandon(dropped...)
-}
-
-// retryLoop hands retries to the workers when they are due, until the
-// consumer halts; retries still waiting then are dropped (their messages
-// are unfinished, so the next owner gets them).
-func (d *deliverer) retryLoop() {
-	m := d.m
-	defer m.wg.Done()
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
-	for {
-		d.mu.Lock()
-		now := time.Now()
-		for len(d.delayed) > 0 && !d.delayed[0].due.After(now) {
-			m.sched.pushRetry(heap.Pop(&d.delayed).(*retryItem))
-		}
-		wait := time.Hour
-		if len(d.delayed) > 0 {
-			wait = d.delayed[0].due.Sub(now)
-		}
-		d.mu.Unlock()
-		t.Reset(wait)
-		select {
-		case <-t.C:
-		case <-d.retryWake:
-		case <-m.halt:
-			d.mu.Lock()
-			clear(d.delayed)
-			d.delayed = nil
-			if d.producer != nil {
-				_ = d.producer.Close()
-			}
-			d.mu.Unlock()
-			return
-		}
-	}
-}
-
-type retryHeap []*retryItem
-
-func (h retryHeap) Len() int           { return len(h) }
-func (h retryHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
-func (h retryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *retryHeap) Push(x any)        { *h = append(*h, x.(*retryItem)) }
-func (h *retryHeap) Pop() any {
-	old := *h
-	it := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return it
 }

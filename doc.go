@@ -20,6 +20,20 @@
 // The default router, [KeyHashRouter], sends equal keys to the same queue,
 // exactly as Kafka's default partitioner does.
 //
+// Send returns once the message is stored. [Producer.SendAsync] returns
+// as soon as the message is checked and routed, and calls back with the
+// result later, so one goroutine keeps many sends in flight: on filestore
+// they share fdatasyncs, on natsstore each queue's pending sends go as one
+// batch per round trip. Per queue, sends are written and reported in the
+// order they were made; at most [WithMaxInFlight] are outstanding (then
+// SendAsync waits); [Producer.Flush] waits for every report, and
+// [Producer.Close] flushes before it returns:
+//
+//	err := p.SendAsync(ctx, &ferry.Message{Topic: "orders", Body: body}, func(res ferry.SendResult, err error) {
+//		// runs once: stored at res.Queue, res.Offset, or not stored (err)
+//	})
+//	err = p.Flush(ctx)
+//
 // # Consuming
 //
 // [Broker.NewConsumer] returns a push [Consumer] that calls a [Handler] for
@@ -32,7 +46,10 @@
 // another takes them; a lock per (group, queue) keeps one owner even under
 // a broken allocator, which is reported with [ErrInvalidAllocation].
 // [Broadcast] gives every member every queue instead, with cursors kept
-// per member ID under "<group>@<member>".
+// per member ID under "<group>@<member>". A push consumer takes
+// [ConsumerOption]s, a pull consumer [PullConsumerOption]s; the options
+// of both are [GroupOption]s, so a push-only option given to a pull
+// consumer (or [WithAutoCommit] to a push one) does not compile.
 //
 //	c, _ := b.NewConsumer("billing", "orders", ferry.HandlerFunc(
 //		func(ctx context.Context, m *ferry.EnhancedMessage) error {
@@ -76,7 +93,9 @@
 //
 // Calls that wait take a context that bounds the call only: a Start or a
 // Poll that times out leaves its consumer running, to be closed with
-// Close, which returns what failed while closing.
+// Close, which returns what failed while closing. A nil context is bad
+// input: every call that takes one, the seams' included, returns an
+// error wrapping [ErrInvalidOption] for it.
 //
 // # Seams
 //
@@ -106,9 +125,41 @@
 // others ([SharedStorage]), and [Block] release counts every group with
 // a cursor in the store ([CursorGroups]).
 //
+// # For store and coordinator implementers
+//
+// A user needs none of what follows; an author of a [Storage],
+// [CursorStore] or [Coordinator] needs all of it, as a database/sql
+// driver's author needs database/sql/driver:
+//
+//   - the seams' contracts: [WritableQueue], [ReadableQueue], [Queue],
+//     [Storage], [CursorStore], [Coordinator], [Session], [Lease],
+//     [GroupKey], [Clock] and [Timer], and [DeadlineLease] for a lease that
+//     can expire by the clock;
+//   - the optional interfaces the broker finds by type assertion:
+//     [TryWriter], [AsyncWriter] and [Releaser] on a queue, [SharedStorage] and
+//     [TopicDeleter] on a storage, [CursorGroups] (with [Cursor] and
+//     [Cursors]) and [FencedCursorStore] on a cursor store;
+//   - the checks every implementation shares: [ValidateTopicName],
+//     [ValidateGroupCursorArgs] and [ValidateTopicCursorsArgs], and
+//     [NewMessageID] for messages a store makes itself;
+//   - errors: an implementation returns an [*Error] whose Op starts with
+//     its own name ("mystore: write orders[1]"), wrapping the sentinel
+//     its contract names;
+//   - package codec, the binary encoding of a message, and package
+//     ferrytest, whose conformance suites every implementation runs.
+//
+// These stay in package ferry, not in a package of their own as
+// database/sql/driver is, because the broker's own options take the seam
+// types (WithStorage takes a Storage) and its type assertions need the
+// optional interfaces: a split would make two definitions of each.
+//
 // # Errors
 //
 // Errors wrap the sentinels of errors.go ([ErrClosed], [ErrTopicNotFound],
 // [ErrInvalidTopic], [ErrInvalidMessage], [ErrMessageTooLarge], ...); match
-// them with errors.Is. Bad input never panics and never writes anything.
+// them with errors.Is. Each is an [*Error] naming the operation (Op), found
+// with errors.As; its text reads with one "ferry:" however deep the chain
+// ("ferry: send: write orders[1]: closed"), and an error of the caller's
+// (a handler's, a router's) comes out as it went in. Bad input never
+// panics and never writes anything.
 package ferry

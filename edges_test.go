@@ -321,7 +321,7 @@ func TestForgetGroupRacingClose(t *testing.T) {
 	<-started
 	forgot := false
 	for range 50 {
-		err := b.ForgetGroup("B", "t")
+		err := b.ForgetGroup(ctx, "B", "t")
 		if err == nil {
 			forgot = true
 			break
@@ -332,7 +332,7 @@ func TestForgetGroupRacingClose(t *testing.T) {
 	close(cs.release)
 	require.NoError(t, <-closed)
 	if !forgot {
-		require.NoError(t, b.ForgetGroup("B", "t"), "once B is closed")
+		require.NoError(t, b.ForgetGroup(ctx, "B", "t"), "once B is closed")
 	}
 	p := newProducer(t, b)
 	for i := range 8 {

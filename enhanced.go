@@ -54,7 +54,7 @@ type EnhancedMessage struct {
 type Origin struct {
 	// Producer is the producer's name (see [WithProducerName]).
 	Producer string
-	// Host names the host that produced the messages (see [BornAddress]).
+	// Host names the host that produced the messages (see [Hostname]).
 	Host string
 }
 
@@ -69,16 +69,18 @@ func (m *EnhancedMessage) BornTime() time.Time { return unixTime(m.BornUnixNano)
 // or the zero time if unknown.
 func (m *EnhancedMessage) StoreTime() time.Time { return unixTime(m.StoreUnixNano) }
 
-// Producer returns the producer's name, "" if unknown.
-func (m *EnhancedMessage) Producer() string {
+// ProducerName returns the name of the producer that sent the message
+// (see [WithProducerName]), "" if unknown.
+func (m *EnhancedMessage) ProducerName() string {
 	if m.Origin == nil {
 		return ""
 	}
 	return m.Origin.Producer
 }
 
-// BornAddress returns the host that produced the message, "" if unknown.
-func (m *EnhancedMessage) BornAddress() string {
+// BornHost returns the host that produced the message (its producer's
+// [Hostname]), "" if unknown.
+func (m *EnhancedMessage) BornHost() string {
 	if m.Origin == nil {
 		return ""
 	}
@@ -191,6 +193,8 @@ func messageID(now time.Time, c uint64) MessageID {
 	return id
 }
 
-// BornAddress returns the address producers of this process stamp on
-// messages: the host name, or an IP when the host name is unknown.
-func BornAddress() string { return bornAddress }
+// Hostname returns the host name the producers of this process stamp on
+// their messages (as [Origin].Host, read with [EnhancedMessage.BornHost]):
+// [os.Hostname], or the first non-loopback IP address when that is
+// unknown, or "localhost".
+func Hostname() string { return bornAddress }

@@ -3,6 +3,7 @@ package ferry_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +21,7 @@ func ExampleBroker_Lag() {
 		_, _ = p.Send(ctx, &ferry.Message{Topic: "orders", Body: []byte("x")})
 	}
 	_, _ = b.ResetGroup(ctx, "billing", "orders", ferry.ResetToOffsets(map[int]int64{0: 3}))
-	lag, _ := b.Lag(ctx, "orders", "billing")
+	lag, _ := b.Lag(ctx, "billing", "orders")
 	for _, q := range lag.Queues {
 		fmt.Printf("%s committed %d next %d lag %d\n", q.Queue, q.Committed, q.Next, q.Lag)
 	}
@@ -114,4 +115,41 @@ func ExampleWithHooks() {
 	_ = b.Close()
 	fmt.Println("handled:", counter.ok.Load(), "failed:", counter.failed.Load())
 	// Output: handled: 2 failed: 0
+}
+
+// sourceHeader is a send hook that adds a "source" header to what its
+// producer sends, giving each message a Headers map of its own (the
+// sender's map must not be changed).
+type sourceHeader string
+
+func (s sourceHeader) OnSend(_ context.Context, em *ferry.EnhancedMessage) {
+	h := maps.Clone(em.Headers)
+	if h == nil {
+		h = map[string]string{}
+	}
+	h["source"] = string(s)
+	em.Headers = h
+}
+
+// A hook on one producer sees that producer's sends only, after the
+// broker's hooks.
+func ExampleWithProducerHooks() {
+	ctx := context.Background()
+	b, _ := ferry.NewBroker()
+	defer b.Close()
+	_ = b.CreateTopic(ctx, ferry.TopicMeta{Name: "orders", Queues: 1})
+	billing, _ := b.NewProducer(ferry.WithProducerHooks(sourceHeader("billing")))
+	other, _ := b.NewProducer()
+	_, _ = billing.Send(ctx, &ferry.Message{Topic: "orders", Body: []byte("a")})
+	_, _ = other.Send(ctx, &ferry.Message{Topic: "orders", Body: []byte("b")})
+
+	q, _ := b.Queue("orders", 0)
+	msgs := make([]*ferry.EnhancedMessage, 2)
+	n, _ := q.Read(ctx, 0, msgs)
+	for _, m := range msgs[:n] {
+		fmt.Printf("%s source=%q\n", m.Body, m.Headers["source"])
+	}
+	// Output:
+	// a source="billing"
+	// b source=""
 }

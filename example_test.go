@@ -53,6 +53,37 @@ func ExampleProducer_SendBatch() {
 	// events[0] 1
 }
 
+func ExampleProducer_SendAsync() {
+	ctx := context.Background()
+	b, _ := ferry.NewBroker()
+	defer b.Close()
+	_ = b.CreateTopic(ctx, ferry.TopicMeta{Name: "orders", Queues: 1})
+	p, _ := b.NewProducer(ferry.WithMaxInFlight(100))
+	defer p.Close()
+
+	var offsets []int64 // callbacks of one queue run one at a time, in send order
+	for range 3 {
+		err := p.SendAsync(ctx, &ferry.Message{Topic: "orders", Body: []byte("order")}, func(res ferry.SendResult, err error) {
+			if err != nil {
+				fmt.Println("not stored:", err)
+				return
+			}
+			offsets = append(offsets, res.Offset)
+		})
+		if err != nil { // bad input: nothing sent, no callback
+			fmt.Println(err)
+			return
+		}
+	}
+	if err := p.Flush(ctx); err != nil { // every callback has returned
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(offsets)
+	// Output:
+	// [0 1 2]
+}
+
 func ExampleBroker_CreateTopic() {
 	ctx := context.Background()
 	b, _ := ferry.NewBroker()

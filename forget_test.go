@@ -53,11 +53,11 @@ func TestBlockTopicForgetsGroupsThatLeft(t *testing.T) {
 	_, err = p.TrySend(&ferry.Message{Topic: "t"})
 	require.ErrorIs(t, err, ferry.ErrQueueFull, "the ghost group still holds the topic")
 
-	require.ErrorIs(t, b.ForgetGroup("live", "t"), ferry.ErrGroupActive)
-	require.NoError(t, b.ForgetGroup("never-seen", "t"))
-	require.ErrorIs(t, b.ForgetGroup("ghost", "nope"), ferry.ErrTopicNotFound)
-	require.ErrorIs(t, b.ForgetGroup("", "t"), ferry.ErrInvalidOption)
-	require.NoError(t, b.ForgetGroup("ghost", "t"))
+	require.ErrorIs(t, b.ForgetGroup(ctx, "live", "t"), ferry.ErrGroupActive)
+	require.NoError(t, b.ForgetGroup(ctx, "never-seen", "t"))
+	require.ErrorIs(t, b.ForgetGroup(ctx, "ghost", "nope"), ferry.ErrTopicNotFound)
+	require.ErrorIs(t, b.ForgetGroup(ctx, "", "t"), ferry.ErrInvalidOption)
+	require.NoError(t, b.ForgetGroup(ctx, "ghost", "t"))
 	_, err = p.TrySend(&ferry.Message{Topic: "t"})
 	require.NoError(t, err, "only the live group, done with everything, holds the topic now; the broadcast member forgot itself")
 

@@ -2,7 +2,6 @@ package ferry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -80,7 +79,7 @@ func (r *groupRegistry) closeAll() error {
 	for _, m := range ms {
 		errs = append(errs, m.close())
 	}
-	return errors.Join(errs...)
+	return joinErrors(errs...)
 }
 
 // register records that scope reads topic from start on (a cursor per

@@ -7,14 +7,17 @@ import (
 
 // Hook is a value that observes Ferry's events, for metrics and tracing:
 // it implements any of the Hook* interfaces of this file, and is called
-// for the events whose interfaces it implements, in the order the hooks
-// were given. Register hooks on a broker ([WithHooks]: every producer and
-// consumer made from it) or on one producer or consumer
-// ([WithProducerHooks], [WithConsumerHooks]: after the broker's). A hook
-// is called from the goroutine of the event (a Send's, a worker's, a
-// queue's), concurrently for concurrent events, and must not block; a
-// panic in a hook is not recovered. With no hook registered the hot
-// paths pay a nil check.
+// for the events whose interfaces it implements. Register hooks on a
+// broker ([WithHooks]: every producer and consumer made from it) or on one
+// producer or consumer ([WithProducerHooks], [WithConsumerHooks]: its
+// events only). For each event the broker's hooks are called first, in
+// the order they were given, then the producer's or consumer's own, in
+// theirs; a nil hook is skipped. A consumer's dead-letter sends go
+// through a producer of the broker's, which has the broker's hooks only.
+// A hook is called from the goroutine of the event (a Send's, a
+// worker's, a queue's), concurrently for concurrent events, and must not
+// block; a panic in a hook is not recovered. With no hook registered the
+// hot paths pay a nil check.
 type Hook any
 
 // HookSend is called for each message a producer is about to write,
@@ -201,14 +204,18 @@ func WithHooks(hooks ...Hook) BrokerOption {
 	return func(c *brokerConfig) { c.hooks = append(c.hooks, hooks...) }
 }
 
-// WithProducerHooks registers hooks for this producer, after the
-// broker's (see [Hook]). Default: none.
+// WithProducerHooks registers hooks for this producer's sends only
+// ([HookSend] and [HookSent]), called after the broker's for each message
+// (see [Hook]). Default: none.
 func WithProducerHooks(hooks ...Hook) ProducerOption {
 	return func(c *producerConfig) { c.hooks = append(c.hooks, hooks...) }
 }
 
-// WithConsumerHooks registers hooks for this consumer, after the
-// broker's (see [Hook]). Default: none.
-func WithConsumerHooks(hooks ...Hook) ConsumerOption {
-	return func(c *consumerConfig) { c.hooks = append(c.hooks, hooks...) }
+// WithConsumerHooks registers hooks for this consumer's events only,
+// called after the broker's for each (see [Hook]). Default: none. For
+// push and pull consumers (a
+// pull consumer has no handler calls: [HookHandle] and [HookHandled] are
+// not called for it).
+func WithConsumerHooks(hooks ...Hook) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.hooks = append(c.hooks, hooks...) })
 }

@@ -130,6 +130,53 @@ func TestHooksSeeEveryEvent(t *testing.T) {
 	assert.Equal(t, "span-ok", v, "the handler got the context OnHandle returned")
 }
 
+// namedHook records the sends it sees, under its name, in a log it
+// shares with other hooks, so the order between hooks shows.
+type namedHook struct {
+	name string
+	log  *recorder
+}
+
+func (h namedHook) OnSend(_ context.Context, em *ferry.EnhancedMessage) {
+	h.log.add("%s: send %s %s", h.name, em.ProducerName(), em.Body)
+}
+
+func (h namedHook) OnSent(_ context.Context, em *ferry.EnhancedMessage, err error) {
+	h.log.add("%s: sent %s %s %v", h.name, em.ProducerName(), em.Body, err)
+}
+
+// A producer's own hooks see that producer's sends only, the broker's
+// hooks every producer's; for each event the broker's run first, then
+// the producer's in the order given; Send and SendBatch alike.
+func TestProducerHooks(t *testing.T) {
+	ctx := context.Background()
+	log := &recorder{}
+	b := newBroker(t, 1, ferry.WithHooks(namedHook{"broker", log}))
+	p1 := newProducer(t, b, ferry.WithProducerName("p1"),
+		ferry.WithProducerHooks(namedHook{"p1 first", log}, nil, namedHook{"p1 second", log}))
+	p2 := newProducer(t, b, ferry.WithProducerName("p2"))
+
+	_, err := p1.Send(ctx, &ferry.Message{Topic: "orders", Body: []byte("a")})
+	require.NoError(t, err)
+	_, err = p2.Send(ctx, &ferry.Message{Topic: "orders", Body: []byte("b")})
+	require.NoError(t, err)
+	_, err = p1.SendBatch(ctx, []*ferry.Message{{Topic: "orders", Body: []byte("c")}, {Topic: "orders", Body: []byte("d")}})
+	require.NoError(t, err)
+	_, err = p1.Send(ctx, &ferry.Message{Topic: "nope", Body: []byte("refused")})
+	require.Error(t, err)
+
+	assert.Equal(t, []string{
+		"broker: send p1 a", "p1 first: send p1 a", "p1 second: send p1 a",
+		"broker: sent p1 a <nil>", "p1 first: sent p1 a <nil>", "p1 second: sent p1 a <nil>",
+		"broker: send p2 b",
+		"broker: sent p2 b <nil>",
+		"broker: send p1 c", "p1 first: send p1 c", "p1 second: send p1 c",
+		"broker: send p1 d", "p1 first: send p1 d", "p1 second: send p1 d",
+		"broker: sent p1 c <nil>", "p1 first: sent p1 c <nil>", "p1 second: sent p1 c <nil>",
+		"broker: sent p1 d <nil>", "p1 first: sent p1 d <nil>", "p1 second: sent p1 d <nil>",
+	}, log.snapshot())
+}
+
 // countingHook counts handled messages; noopHook does nothing.
 type countingHook struct{ n atomic.Int64 }
 

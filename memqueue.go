@@ -3,6 +3,7 @@ package ferry
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -53,6 +54,9 @@ func (q *MemoryQueue) ID() QueueID { return q.id }
 
 // Write implements [WritableQueue].
 func (q *MemoryQueue) Write(ctx context.Context, msgs []*EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: err}
+	}
 	return q.write(ctx, msgs, true, time.Time{})
 }
 
@@ -68,22 +72,22 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 	var size int64
 	for i, m := range msgs {
 		if m == nil {
-			return 0, errorf("ferry: write %s: message %d: %w: nil", q.id, i, ErrInvalidMessage)
+			return 0, &Error{Op: fmt.Sprintf("write %s: message %d", q.id, i), Err: fmt.Errorf("%w: nil", ErrInvalidMessage)}
 		}
 		size += int64(m.Size())
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, errorf("ferry: write %s: %w", q.id, err)
+		return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: err}
 	}
 	n := int64(len(msgs))
 	if over(n, q.ret.MaxMessages) || over(size, q.ret.MaxBytes) {
-		return 0, errorf("ferry: write %s: %w: batch of %d messages, %d bytes exceeds retention", q.id, ErrMessageTooLarge, n, size)
+		return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ErrMessageTooLarge, n, size)}
 	}
 	q.mu.Lock()
 	for {
 		if q.closed {
 			q.mu.Unlock()
-			return 0, errorf("ferry: write %s: %w", q.id, ErrClosed)
+			return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: ErrClosed}
 		}
 		if now.IsZero() {
 			now = stampTime() // one clock read per write: it costs as much as the rest of a small write
@@ -94,7 +98,7 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		}
 		if !wait {
 			q.mu.Unlock()
-			return 0, errorf("ferry: write %s: %w", q.id, ErrQueueFull)
+			return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: ErrQueueFull}
 		}
 		if q.space == nil {
 			q.space = make(chan struct{})
@@ -105,7 +109,7 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		select {
 		case <-space:
 		case <-ctx.Done():
-			return 0, errorf("ferry: write %s: %w", q.id, ctx.Err())
+			return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: ctx.Err()}
 		}
 		q.mu.Lock()
 	}
@@ -237,6 +241,9 @@ var wakePool = sync.Pool{New: func() any { return make(chan struct{}, 1) }}
 
 // Read implements [ReadableQueue].
 func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &Error{Op: fmt.Sprintf("read %s", q.id), Err: err}
+	}
 	if len(dst) == 0 {
 		return 0, nil
 	}
@@ -244,7 +251,7 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 	for {
 		if q.closed {
 			q.mu.Unlock()
-			return 0, errorf("ferry: read %s: %w", q.id, ErrClosed)
+			return 0, &Error{Op: fmt.Sprintf("read %s", q.id), Err: ErrClosed}
 		}
 		if q.ret.MaxAge > 0 && q.head < len(q.msgs) {
 			q.trim(time.Now(), 0, 0)
@@ -253,7 +260,7 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 		if offset < q.base || offset > next {
 			base := q.base
 			q.mu.Unlock()
-			return 0, errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ErrOffsetOutOfRange, base, next)
+			return 0, &Error{Op: fmt.Sprintf("read %s at %d", q.id, offset), Err: fmt.Errorf("%w: retained [%d, %d)", ErrOffsetOutOfRange, base, next)}
 		}
 		if offset < next {
 			i := q.head + int(offset-q.base)
@@ -263,7 +270,7 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 		}
 		if err := ctx.Err(); err != nil {
 			q.mu.Unlock()
-			return 0, errorf("ferry: read %s: %w", q.id, err)
+			return 0, &Error{Op: fmt.Sprintf("read %s", q.id), Err: err}
 		}
 		ch := wakePool.Get().(chan struct{})
 		q.readers = append(q.readers, ch)
@@ -281,7 +288,7 @@ func (q *MemoryQueue) Read(ctx context.Context, offset int64, dst []*EnhancedMes
 			}
 			q.mu.Unlock()
 			wakePool.Put(ch)
-			return 0, errorf("ferry: read %s: %w", q.id, ctx.Err())
+			return 0, &Error{Op: fmt.Sprintf("read %s", q.id), Err: ctx.Err()}
 		}
 	}
 }
@@ -363,19 +370,22 @@ func NewMemoryStorage() *MemoryStorage {
 
 // OpenQueue implements [Storage].
 func (s *MemoryStorage) OpenQueue(ctx context.Context, meta TopicMeta, queue int) (Queue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "open queue", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
-		return nil, errorf("ferry: open queue: %w", err)
+		return nil, &Error{Op: "open queue", Err: err}
 	}
 	if queue < 0 || queue >= meta.Queues {
-		return nil, errorf("ferry: open queue: %w: queue %d of %d in topic %q", ErrInvalidTopic, queue, meta.Queues, meta.Name)
+		return nil, &Error{Op: "open queue", Err: fmt.Errorf("%w: queue %d of %d in topic %q", ErrInvalidTopic, queue, meta.Queues, meta.Name)}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, errorf("ferry: open queue: %w", err)
+		return nil, &Error{Op: "open queue", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errorf("ferry: open queue: %w", ErrClosed)
+		return nil, &Error{Op: "open queue", Err: ErrClosed}
 	}
 	id := QueueID{Topic: meta.Name, Queue: queue}
 	if q, ok := s.queues[id]; ok {
@@ -393,10 +403,13 @@ func (s *MemoryStorage) OpenQueue(ctx context.Context, meta TopicMeta, queue int
 
 // Topics implements [Storage].
 func (s *MemoryStorage) Topics(ctx context.Context) ([]TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "topics", Err: err}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errorf("ferry: topics: %w", ErrClosed)
+		return nil, &Error{Op: "topics", Err: ErrClosed}
 	}
 	out := make([]TopicMeta, 0, len(s.topics))
 	for _, m := range s.topics {
@@ -408,16 +421,19 @@ func (s *MemoryStorage) Topics(ctx context.Context) ([]TopicMeta, error) {
 
 // SaveTopic implements [Storage].
 func (s *MemoryStorage) SaveTopic(ctx context.Context, meta TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "save topic", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
-		return errorf("ferry: save topic: %w", err)
+		return &Error{Op: "save topic", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return errorf("ferry: save topic: %w", err)
+		return &Error{Op: "save topic", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errorf("ferry: save topic: %w", ErrClosed)
+		return &Error{Op: "save topic", Err: ErrClosed}
 	}
 	s.topics[meta.Name] = meta.Normalized()
 	return nil
@@ -425,21 +441,24 @@ func (s *MemoryStorage) SaveTopic(ctx context.Context, meta TopicMeta) error {
 
 // CreateTopic implements [SharedStorage].
 func (s *MemoryStorage) CreateTopic(ctx context.Context, meta TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "create topic", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
-		return errorf("ferry: create topic: %w", err)
+		return &Error{Op: "create topic", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return errorf("ferry: create topic: %w", err)
+		return &Error{Op: "create topic", Err: err}
 	}
 	meta = meta.Normalized()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errorf("ferry: create topic: %w", ErrClosed)
+		return &Error{Op: "create topic", Err: ErrClosed}
 	}
 	if have, ok := s.topics[meta.Name]; ok {
 		if have != meta {
-			return errorf("ferry: create topic %q: %w: have %+v, asked %+v", meta.Name, ErrTopicExists, have, meta)
+			return &Error{Op: fmt.Sprintf("create topic %q", meta.Name), Err: fmt.Errorf("%w: have %+v, asked %+v", ErrTopicExists, have, meta)}
 		}
 		return nil
 	}
@@ -449,16 +468,19 @@ func (s *MemoryStorage) CreateTopic(ctx context.Context, meta TopicMeta) error {
 
 // DeleteTopic implements [TopicDeleter].
 func (s *MemoryStorage) DeleteTopic(ctx context.Context, name string) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "delete topic", Err: err}
+	}
 	if err := ValidateTopicName(name); err != nil {
-		return errorf("ferry: delete topic: %w", err)
+		return &Error{Op: "delete topic", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return errorf("ferry: delete topic: %w", err)
+		return &Error{Op: "delete topic", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errorf("ferry: delete topic: %w", ErrClosed)
+		return &Error{Op: "delete topic", Err: ErrClosed}
 	}
 	delete(s.topics, name)
 	for id, q := range s.queues {
@@ -474,13 +496,16 @@ var _ TopicDeleter = (*MemoryStorage)(nil)
 
 // Topic implements [SharedStorage].
 func (s *MemoryStorage) Topic(ctx context.Context, name string) (TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return TopicMeta{}, &Error{Op: "topic", Err: err}
+	}
 	if err := ctx.Err(); err != nil {
-		return TopicMeta{}, errorf("ferry: topic: %w", err)
+		return TopicMeta{}, &Error{Op: "topic", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return TopicMeta{}, errorf("ferry: topic: %w", ErrClosed)
+		return TopicMeta{}, &Error{Op: "topic", Err: ErrClosed}
 	}
 	meta, ok := s.topics[name]
 	if !ok {

@@ -87,7 +87,7 @@ func TestMessageIDUniqueAndSortable(t *testing.T) {
 	assert.ErrorIs(t, back.UnmarshalText([]byte("short")), ferry.ErrInvalidMessage)
 	assert.ErrorIs(t, back.UnmarshalText([]byte(strings.Repeat("z", 32))), ferry.ErrInvalidMessage)
 	assert.True(t, ferry.MessageID{}.IsZero())
-	assert.NotEmpty(t, ferry.BornAddress())
+	assert.NotEmpty(t, ferry.Hostname())
 }
 
 // Sends take their IDs from counter ranges their producer's envelope

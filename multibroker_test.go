@@ -238,7 +238,7 @@ func TestClusterBlockHeldByEveryBrokersGroups(t *testing.T) {
 		offs, err := c.cursors.Load(ctx, "t", "fast", 1)
 		return err == nil && offs[0] == 10
 	}, watchdog, time.Millisecond)
-	require.NoError(t, c.brokers[1].ForgetGroup("slow", "t"))
+	require.NoError(t, c.brokers[1].ForgetGroup(ctx, "slow", "t"))
 	_, err = p.TrySend(&ferry.Message{Topic: "t", Body: []byte("after")})
 	require.NoError(t, err, "once slow is forgotten, the fast group alone holds the topic")
 }

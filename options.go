@@ -38,15 +38,67 @@ const (
 	DefaultMaxAttempts  = 5
 	DefaultRetryBackoff = 100 * time.Millisecond
 	DefaultDrainTimeout = 10 * time.Second
-	// MaxRetryBackoff caps the growing wait between attempts by default
-	// (see WithMaxRetryBackoff).
-	MaxRetryBackoff = 30 * time.Second
+	// DefaultMaxRetryBackoff caps the growing wait between attempts by
+	// default (see WithMaxRetryBackoff).
+	DefaultMaxRetryBackoff = 30 * time.Second
 )
 
-// ConsumerOption configures a [Consumer] or a [PullConsumer]. Options that
-// only make sense for one of them say so; giving one to the other is
-// [ErrInvalidOption].
-type ConsumerOption func(*consumerConfig)
+// ConsumerOption configures a push [Consumer] ([Broker.NewConsumer]).
+// The options of push consumers only (those of handling: [Ordered],
+// [WithConcurrency], [WithRetry], [WithMaxRetryBackoff],
+// [WithDeadLetter]) are ConsumerOptions; a [GroupOption] is one too.
+type ConsumerOption interface {
+	applyConsumer(*consumerConfig)
+}
+
+// PullConsumerOption configures a [PullConsumer]
+// ([Broker.NewPullConsumer]). [WithAutoCommit] is one, for pull consumers
+// only; a [GroupOption] is one too. So a push-only option given to a pull
+// consumer, or WithAutoCommit to a push one, does not compile.
+type PullConsumerOption interface {
+	applyPull(*consumerConfig)
+}
+
+// GroupOption configures either kind of consumer: membership, allocation,
+// buffers, where to start, callbacks. It is both a [ConsumerOption] and a
+// [PullConsumerOption].
+type GroupOption interface {
+	ConsumerOption
+	PullConsumerOption
+}
+
+// pushOption is a ConsumerOption for push consumers only.
+type pushOption func(*consumerConfig)
+
+func (o pushOption) applyConsumer(c *consumerConfig) {
+	if o != nil {
+		o(c)
+	}
+}
+
+// pullOption is a PullConsumerOption for pull consumers only.
+type pullOption func(*consumerConfig)
+
+func (o pullOption) applyPull(c *consumerConfig) {
+	if o != nil {
+		o(c)
+	}
+}
+
+// groupOption is a GroupOption.
+type groupOption func(*consumerConfig)
+
+func (o groupOption) applyConsumer(c *consumerConfig) {
+	if o != nil {
+		o(c)
+	}
+}
+
+func (o groupOption) applyPull(c *consumerConfig) {
+	if o != nil {
+		o(c)
+	}
+}
 
 type consumerConfig struct {
 	allocator    Allocator
@@ -71,34 +123,33 @@ type consumerConfig struct {
 	autoCommit   bool
 	retryTopic   string // where failures are retried off the queue
 	retryOf      string // for a consumer of a retry topic: the origin topic
-
-	pushOnly []string // push-only options given
-	pullOnly []string // pull-only options given
 }
 
-func (c *consumerConfig) push(name string) { c.pushOnly = append(c.pushOnly, name) }
-
 // WithAllocator sets how the group's queues are split among its members.
-// Default: [AllocateAveragely]. Ignored with [Broadcast].
-func WithAllocator(a Allocator) ConsumerOption {
-	return func(c *consumerConfig) { c.allocator = a }
+// Default: [AllocateAveragely]. Ignored with [Broadcast]. For push and
+// pull consumers.
+func WithAllocator(a Allocator) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.allocator = a })
 }
 
 // Broadcast makes every member of the group get every queue, with a cursor
 // of its own kept under the group key "<group>@<member ID>" (see
 // [WithMemberID]). Default: clustering, each queue owned by exactly one
-// member.
-func Broadcast() ConsumerOption { return func(c *consumerConfig) { c.broadcast = true } }
+// member. For push and pull consumers.
+func Broadcast() GroupOption { return groupOption(func(c *consumerConfig) { c.broadcast = true }) }
 
 // WithMemberID sets the member's ID in its group: 1 to 128 bytes without
 // '@', unique among the group's live members. Set a stable one for
 // [Broadcast], whose cursors are kept per member ID (under
 // "<group>@<member>"), so they survive restarts. Default:
-// "<host>-<pid>-<n>", n counting the consumers of the process.
-func WithMemberID(id string) ConsumerOption { return func(c *consumerConfig) { c.memberID = id } }
+// "<host>-<pid>-<n>", n counting the consumers of the process. For push
+// and pull consumers.
+func WithMemberID(id string) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.memberID = id })
+}
 
 // WithConcurrency sets the most goroutines that run the handler at once
-// (push only). They start when there is work for them and retire after a
+// (push consumers only). They start when there is work for them and retire after a
 // second without any, so an idle consumer keeps none; the first is often
 // the goroutine that fetched the messages (see [Consumer]). Default:
 // [DefaultConcurrency]. With [Ordered] a queue is still handled by
@@ -108,70 +159,74 @@ func WithMemberID(id string) ConsumerOption { return func(c *consumerConfig) { c
 // 50µs, calling another only for more than that, so a fast handler is not
 // spread over goroutines that cost more to wake than the work they get.
 func WithConcurrency(n int) ConsumerOption {
-	return func(c *consumerConfig) { c.concurrency = n; c.push("WithConcurrency") }
+	return pushOption(func(c *consumerConfig) { c.concurrency = n })
 }
 
 // Ordered handles each queue one message at a time in offset order, the
-// queue's [Buffer] lock held while handling (push only); a failing message
-// holds its queue until it succeeds or goes to the dead-letter topic.
-// Default: concurrent.
+// queue's [Buffer] lock held while handling (push consumers only); a
+// failing message holds its queue until it succeeds or goes to the
+// dead-letter topic. Default: concurrent.
 func Ordered() ConsumerOption {
-	return func(c *consumerConfig) { c.ordered = true; c.push("Ordered") }
+	return pushOption(func(c *consumerConfig) { c.ordered = true })
 }
 
 // WithBuffer sets the capacity of each queue's [Buffer] in messages and
 // bytes of [Message.Size]. Default: [DefaultBufferMessages] and
-// [DefaultBufferBytes].
-func WithBuffer(maxMessages int, maxBytes int64) ConsumerOption {
-	return func(c *consumerConfig) { c.buffer.MaxMessages, c.buffer.MaxBytes = maxMessages, maxBytes }
+// [DefaultBufferBytes]. For push and pull consumers.
+func WithBuffer(maxMessages int, maxBytes int64) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.buffer.MaxMessages, c.buffer.MaxBytes = maxMessages, maxBytes })
 }
 
 // WithWatermarks sets, as fractions of the buffer capacity, where fetching
 // pauses (high, in (0, 1]) and resumes (low, in [0, high)). Default:
-// [DefaultHighWatermark] and [DefaultLowWatermark].
-func WithWatermarks(high, low float64) ConsumerOption {
-	return func(c *consumerConfig) { c.buffer.HighWatermark, c.buffer.LowWatermark = high, low }
+// [DefaultHighWatermark] and [DefaultLowWatermark]. For push and pull
+// consumers.
+func WithWatermarks(high, low float64) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.buffer.HighWatermark, c.buffer.LowWatermark = high, low })
 }
 
 // WithMaxSpan bounds the distance between a queue's oldest unfinished
 // offset and its newest fetched one; fetching pauses beyond it. Default:
-// [DefaultMaxSpan].
-func WithMaxSpan(n int64) ConsumerOption {
-	return func(c *consumerConfig) { c.buffer.MaxSpan = n }
+// [DefaultMaxSpan]. For push and pull consumers.
+func WithMaxSpan(n int64) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.buffer.MaxSpan = n })
 }
 
 // WithStartFrom sets where a group with no committed cursor for a queue
 // starts. Default: [Earliest], so a group started after the first sends
-// still sees them (within retention).
-func WithStartFrom(s StartFrom) ConsumerOption { return func(c *consumerConfig) { c.startFrom = s } }
+// still sees them (within retention). For push and pull consumers.
+func WithStartFrom(s StartFrom) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.startFrom = s })
+}
 
 // WithTags delivers only messages whose Tag is one of tags; the others are
-// skipped and still committed. Default: every message.
-func WithTags(tags ...string) ConsumerOption {
-	return func(c *consumerConfig) { c.tags = append(c.tags, tags...) }
+// skipped and still committed. Default: every message. For push and pull
+// consumers.
+func WithTags(tags ...string) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.tags = append(c.tags, tags...) })
 }
 
 // WithRetry sets how many times a message is attempted in all (at least
 // 1) and the wait before the first retry, which doubles on each later one
-// up to [MaxRetryBackoff] (see [WithMaxRetryBackoff]) (push only). In
-// concurrent mode the retry waits in the group's retry topic (see
-// [RetryTopic]); with [Ordered] or [Broadcast] it waits in its queue.
-// Default: [DefaultMaxAttempts] and [DefaultRetryBackoff].
+// up to [DefaultMaxRetryBackoff] (see [WithMaxRetryBackoff]) (push
+// consumers only: a pull consumer has no retries). In concurrent mode the
+// retry waits in the group's retry topic (see [RetryTopic]); with
+// [Ordered] or [Broadcast] it waits in its queue. Default:
+// [DefaultMaxAttempts] and [DefaultRetryBackoff].
 func WithRetry(maxAttempts int, backoff time.Duration) ConsumerOption {
-	return func(c *consumerConfig) {
-		c.maxAttempts, c.backoff = maxAttempts, backoff
-		c.push("WithRetry")
-	}
+	return pushOption(func(c *consumerConfig) { c.maxAttempts, c.backoff = maxAttempts, backoff })
 }
 
 // WithMaxRetryBackoff caps the wait between attempts, which doubles from
 // the [WithRetry] backoff on each retry; a cap equal to that backoff makes
-// the wait constant (push only). Default: [MaxRetryBackoff].
+// the wait constant (push consumers only). Default:
+// [DefaultMaxRetryBackoff].
 func WithMaxRetryBackoff(d time.Duration) ConsumerOption {
-	return func(c *consumerConfig) { c.maxBackoff = d; c.push("WithMaxRetryBackoff") }
+	return pushOption(func(c *consumerConfig) { c.maxBackoff = d })
 }
 
-// WithDeadLetter sets the topic failed messages go to (push only); Start
+// WithDeadLetter sets the topic failed messages go to (push consumers
+// only); Start
 // creates it with one queue if it does not exist, so that a reader of
 // dead letters can start with the consumer. A dead letter
 // is the message with the headers of its origin added (the error text cut
@@ -180,7 +235,7 @@ func WithMaxRetryBackoff(d time.Duration) ConsumerOption {
 // tried again with backoff and reported (see [WithOnError]), the message
 // staying unfinished. Default: "%DLQ%<group>".
 func WithDeadLetter(topic string) ConsumerOption {
-	return func(c *consumerConfig) { c.deadLetter = topic; c.push("WithDeadLetter") }
+	return pushOption(func(c *consumerConfig) { c.deadLetter = topic })
 }
 
 // WithDrainTimeout bounds how long releasing a queue (on rebalance or
@@ -188,9 +243,10 @@ func WithDeadLetter(topic string) ConsumerOption {
 // finished, cancels the handlers' context and lets the queue go; the
 // unfinished ones are delivered again to the next owner, and no handling
 // of the queue's messages starts on this member after that. Zero does not
-// wait. Default: [DefaultDrainTimeout].
-func WithDrainTimeout(d time.Duration) ConsumerOption {
-	return func(c *consumerConfig) { c.drainTimeout = d }
+// wait. Default: [DefaultDrainTimeout]. For push and pull consumers (a
+// pull consumer's in-flight messages are those polled and not committed).
+func WithDrainTimeout(d time.Duration) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.drainTimeout = d })
 }
 
 // WithOnError sets a function called with errors that happen in the
@@ -198,24 +254,28 @@ func WithDrainTimeout(d time.Duration) ConsumerOption {
 // ([ErrInvalidAllocation], naming the allocator), failed commits, failed
 // dead-letter sends, read errors. It is called from the consumer's
 // goroutines and must not block. The broker's logger logs them too.
-// Default: none.
-func WithOnError(f func(error)) ConsumerOption { return func(c *consumerConfig) { c.onError = f } }
+// Default: none. For push and pull consumers.
+func WithOnError(f func(error)) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.onError = f })
+}
 
 // WithOnReset sets a function called when a queue's cursor is reset
 // because it fell out of the retained range (behind retention, or past
 // the end): from is where the consumer was, to where it goes on. The
 // broker's logger logs it at Warn too. It must not block. Default: none.
-func WithOnReset(f func(q QueueID, from, to int64)) ConsumerOption {
-	return func(c *consumerConfig) { c.onReset = f }
+// For push and pull consumers.
+func WithOnReset(f func(q QueueID, from, to int64)) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.onReset = f })
 }
 
 // WithOnAssigned sets a function called when the consumer has taken a
 // queue (locked it and loaded its cursor), before it fetches from it:
 // open a connection for it, say. It is called once per queue taken, from
 // that queue's goroutine, so for different queues at once; a panic in it
-// is reported (see [WithOnError]). Default: none.
-func WithOnAssigned(f func(QueueID)) ConsumerOption {
-	return func(c *consumerConfig) { c.onAssigned = f }
+// is reported (see [WithOnError]). Default: none. For push and pull
+// consumers.
+func WithOnAssigned(f func(QueueID)) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.onAssigned = f })
 }
 
 // WithOnRevoked sets a function called when the consumer gives a queue up
@@ -225,38 +285,34 @@ func WithOnAssigned(f func(QueueID)) ConsumerOption {
 // is called too when the queue's lease was lost (no drain and no commit
 // then: the next owner may have it already). Called once per queue, from
 // the goroutine releasing it, so for different queues at once; a panic
-// in it is reported. Default: none.
-func WithOnRevoked(f func(QueueID)) ConsumerOption {
-	return func(c *consumerConfig) { c.onRevoked = f }
+// in it is reported. Default: none. For push and pull consumers.
+func WithOnRevoked(f func(QueueID)) GroupOption {
+	return groupOption(func(c *consumerConfig) { c.onRevoked = f })
 }
 
 // WithAutoCommit makes a [PullConsumer] mark the messages of a Poll
 // finished at the next Poll or Close, and those of
 // [PullConsumer.Messages] once the loop body is done with each (pull
-// only). Default: off; call [PullConsumer.Commit].
-func WithAutoCommit() ConsumerOption {
-	return func(c *consumerConfig) { c.autoCommit = true; c.pullOnly = append(c.pullOnly, "WithAutoCommit") }
+// consumers only). Default: off; call [PullConsumer.Commit].
+func WithAutoCommit() PullConsumerOption {
+	return pullOption(func(c *consumerConfig) { c.autoCommit = true })
 }
 
 var memberSeq atomic.Int64
 
-// newConsumerConfig applies opts over the defaults and validates the
-// result; errors wrap ErrInvalidOption.
-func newConsumerConfig(group, topic string, opts []ConsumerOption) (*consumerConfig, error) {
+// newConsumerConfig applies the options (apply calls each) over the
+// defaults and validates the result; errors wrap ErrInvalidOption.
+func newConsumerConfig(group, topic string, apply func(*consumerConfig)) (*consumerConfig, error) {
 	c := &consumerConfig{
 		allocator:    AllocateAveragely(),
 		concurrency:  DefaultConcurrency,
 		maxAttempts:  DefaultMaxAttempts,
 		backoff:      DefaultRetryBackoff,
-		maxBackoff:   MaxRetryBackoff,
+		maxBackoff:   DefaultMaxRetryBackoff,
 		drainTimeout: DefaultDrainTimeout,
 		buffer:       BufferConfig{}.withDefaults(),
 	}
-	for _, o := range opts {
-		if o != nil {
-			o(c)
-		}
-	}
+	apply(c)
 	if c.memberID == "" {
 		c.generatedID = true
 		c.memberID = bornAddress + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(memberSeq.Add(1), 10)
@@ -264,7 +320,7 @@ func newConsumerConfig(group, topic string, opts []ConsumerOption) (*consumerCon
 	if c.deadLetter == "" {
 		c.deadLetter = "%DLQ%" + group
 	}
-	if err := ValidateCursorArgs(topic, group, 0); err != nil {
+	if err := ValidateGroupCursorArgs(topic, group, 0); err != nil {
 		return nil, err
 	}
 	switch {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -18,8 +19,10 @@ const DefaultMaxMessageBytes = 4 << 20
 // Producer sends messages to the broker's topics: it stamps each message
 // (ID, born time, [Origin]), routes it to a queue and writes it.
 //
-// A Producer is safe for concurrent use. It starts no goroutine; Send takes
-// no broker-wide lock, only the target queue's.
+// A Producer is safe for concurrent use. Send takes no broker-wide lock,
+// only the target queue's. Only [Producer.SendAsync] starts goroutines:
+// one per queue while its asynchronous sends are being written, exiting
+// when none is left; Close waits for them.
 type Producer struct {
 	b      *Broker
 	router Router
@@ -36,6 +39,21 @@ type Producer struct {
 	last atomic.Pointer[topicState]
 	// slab hands Send its envelopes (see envSlab).
 	slab atomic.Pointer[envSlab]
+
+	// Asynchronous sends (async.go). slots holds one token per send not
+	// yet reported (the in-flight bound); outstanding counts sends whose
+	// callbacks have not returned; wg counts the pipes' goroutines.
+	slots       chan struct{}
+	outstanding atomic.Int64
+	waiters     atomic.Int32  // Flush and Close calls waiting for outstanding to reach 0
+	closing     chan struct{} // closed by Close: waits for a slot end
+	closeOnce   sync.Once
+	wg          sync.WaitGroup
+	lastPipe    atomic.Pointer[pipe] // the latest pipe used, to skip the map
+	// amu guards pipes and idle.
+	amu   sync.Mutex
+	pipes map[Queue]*pipe // by target queue; the delay pipe under nil
+	idle  chan struct{}   // closed when outstanding reaches 0; nil while no one waits
 }
 
 // envSlab is a block of envelopes a producer's Sends take one by one:
@@ -92,10 +110,11 @@ type SendResult struct {
 type ProducerOption func(*producerConfig)
 
 type producerConfig struct {
-	router Router
-	name   string
-	max    int
-	hooks  []Hook
+	router   Router
+	name     string
+	max      int
+	inFlight int
+	hooks    []Hook
 }
 
 // WithRouter sets the router. Default: [KeyHashRouter].
@@ -116,7 +135,7 @@ var producerSeq atomic.Int64
 // NewProducer returns a producer over the broker's topics. An option value
 // out of range is [ErrInvalidOption].
 func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
-	c := producerConfig{max: DefaultMaxMessageBytes}
+	c := producerConfig{max: DefaultMaxMessageBytes, inFlight: DefaultMaxInFlight}
 	for _, o := range opts {
 		if o != nil {
 			o(&c)
@@ -129,13 +148,19 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 		c.name = "producer-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(producerSeq.Add(1), 10)
 	}
 	if c.max <= 0 {
-		return nil, errorf("ferry: new producer: %w: max message bytes %d", ErrInvalidOption, c.max)
+		return nil, &Error{Op: "new producer", Err: fmt.Errorf("%w: max message bytes %d", ErrInvalidOption, c.max)}
+	}
+	if c.inFlight <= 0 {
+		return nil, &Error{Op: "new producer", Err: fmt.Errorf("%w: max in flight %d", ErrInvalidOption, c.inFlight)}
 	}
 	if b.closed.Load() {
-		return nil, errorf("ferry: new producer: %w", ErrClosed)
+		return nil, &Error{Op: "new producer", Err: ErrClosed}
 	}
 	origin := &Origin{Producer: c.name, Host: bornAddress}
-	return &Producer{b: b, router: c.router, name: c.name, origin: origin, max: c.max, hooks: newHookSet(b.hooks, c.hooks)}, nil
+	return &Producer{
+		b: b, router: c.router, name: c.name, origin: origin, max: c.max, hooks: newHookSet(b.hooks, c.hooks),
+		slots: make(chan struct{}, c.inFlight), closing: make(chan struct{}),
+	}, nil
 }
 
 // Send stamps m, routes it and writes it to its queue. It returns where m
@@ -146,10 +171,14 @@ func (b *Broker) NewProducer(opts ...ProducerOption) (*Producer, error) {
 // overflow Send waits for room until ctx is done. The caller must not
 // modify m afterwards.
 func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
+	if err := checkContext(ctx); err != nil {
+		p.failed.Add(1)
+		return SendResult{}, &Error{Op: "send", Err: err}
+	}
 	r, err := p.send(ctx, m, true)
 	if err != nil {
 		p.failed.Add(1)
-		return SendResult{}, errorf("ferry: send: %w", err)
+		return SendResult{}, &Error{Op: "send", Err: err}
 	}
 	p.sent.Add(1)
 	return r, nil
@@ -162,7 +191,7 @@ func (p *Producer) TrySend(m *Message) (SendResult, error) {
 	r, err := p.send(context.Background(), m, false)
 	if err != nil {
 		p.failed.Add(1)
-		return SendResult{}, errorf("ferry: try send: %w", err)
+		return SendResult{}, &Error{Op: "try send", Err: err}
 	}
 	p.sent.Add(1)
 	return r, nil
@@ -305,14 +334,17 @@ func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 // sendBatch is SendBatch; it returns the stamped messages too, for the
 // hooks (nil when nothing was stamped).
 func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult, []EnhancedMessage, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, nil, &Error{Op: "send batch", Err: err}
+	}
 	if len(msgs) == 0 {
 		if p.closed.Load() {
-			return nil, nil, errorf("ferry: send batch: %w", ErrClosed)
+			return nil, nil, &Error{Op: "send batch", Err: ErrClosed}
 		}
 		return nil, nil, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, nil, errorf("ferry: send batch: %w", err)
+		return nil, nil, &Error{Op: "send batch", Err: err}
 	}
 	for _, m := range msgs {
 		if m != nil && p.delayed(m) {
@@ -332,7 +364,7 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 	for i, m := range msgs {
 		t, q, err := p.prepare(ctx, m, &ems[i], now, first+uint64(i))
 		if err != nil {
-			return nil, ems[:i], errorf("ferry: send batch: message %d: %w", i, err)
+			return nil, ems[:i], &Error{Op: fmt.Sprintf("send batch: message %d", i), Err: err}
 		}
 		if i == 0 {
 			targets = append(targets, target{t: t})
@@ -393,7 +425,7 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 				continue
 			}
 			if _, err := writeAt(ctx, tg.t.queues[q], sorted[lo:hi], now); err != nil {
-				return results, ems, errorf("ferry: send batch: write %s: %w", tg.t.queues[q].ID(), err)
+				return results, ems, &Error{Op: fmt.Sprintf("send batch: write %s", tg.t.queues[q].ID()), Err: err}
 			}
 			for k := lo; k < hi; k++ {
 				em := sorted[k]
@@ -429,13 +461,13 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 		}
 		t, q, err := p.prepare(ctx, m, &ems[i], now, first+uint64(i))
 		if err != nil {
-			return nil, ems[:0], errorf("ferry: send batch: message %d: %w", i, err)
+			return nil, ems[:0], &Error{Op: fmt.Sprintf("send batch: message %d", i), Err: err}
 		}
 		later = append(later, pending{i, t.meta.Name, q})
 	}
 	for _, m := range plain { // checked before anything is written
 		if _, err := p.check(m); err != nil {
-			return nil, ems[:0], errorf("ferry: send batch: %w", err)
+			return nil, ems[:0], &Error{Op: "send batch", Err: err}
 		}
 	}
 	results := make([]SendResult, len(msgs))
@@ -461,7 +493,7 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 		batch[k] = delayed{em: &ems[d.i], target: QueueID{Topic: d.topic, Queue: d.q}, at: msgs[d.i].DeliverAt, res: &results[d.i]}
 	}
 	if err := p.b.delay.placeBatch(ctx, batch); err != nil {
-		return results, ems, errorf("ferry: send batch: delayed messages: %w", err)
+		return results, ems, &Error{Op: "send batch: delayed messages", Err: err}
 	}
 	return results, ems, nil
 }
@@ -478,7 +510,7 @@ func (p *Producer) writeOne(ctx context.Context, t *topicState, q int, ems []Enh
 		for i := range results {
 			results[i].Offset = -1
 		}
-		return results, errorf("ferry: send batch: write %s: %w", t.queues[q].ID(), err)
+		return results, &Error{Op: fmt.Sprintf("send batch: write %s", t.queues[q].ID()), Err: err}
 	}
 	id := QueueID{Topic: t.meta.Name, Queue: q}
 	for i := range ems {
@@ -490,9 +522,17 @@ func (p *Producer) writeOne(ctx context.Context, t *topicState, q int, ems []Enh
 // Name returns the name the producer stamps on messages.
 func (p *Producer) Name() string { return p.name }
 
-// Close stops the producer: later sends return [ErrClosed]. Sends in
-// progress finish. It is idempotent and returns nil.
+// Close stops the producer: later sends return [ErrClosed], and so does a
+// [Producer.SendAsync] waiting for room. Sends in progress finish, and
+// Close flushes: it returns once every outstanding asynchronous send is
+// written (or failed) and reported, and the producer's goroutines have
+// exited. Each of those writes is bounded by its sends' contexts, as a
+// Send is; a write to a closed queue (its storage closed) fails with
+// ErrClosed. It is
+// idempotent and returns nil. It must not be called from a SendAsync
+// callback.
 func (p *Producer) Close() error {
 	p.closed.Store(true)
+	p.closeAsync()
 	return nil
 }

@@ -76,8 +76,8 @@ func TestSendStampsRoutesAndStores(t *testing.T) {
 	require.Equal(t, 2, n)
 	em := dst[0]
 	assert.Equal(t, res.ID, em.ID)
-	assert.Equal(t, "p1", em.Producer())
-	assert.Equal(t, ferry.BornAddress(), em.BornAddress())
+	assert.Equal(t, "p1", em.ProducerName())
+	assert.Equal(t, ferry.Hostname(), em.BornHost())
 	assert.False(t, em.BornTime().IsZero())
 	assert.False(t, em.StoreTime().Before(em.BornTime()))
 	assert.Equal(t, want, em.Queue)

@@ -2,9 +2,8 @@ package ferry
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"iter"
-	"strings"
 	"sync"
 )
 
@@ -28,20 +27,24 @@ type PullConsumer struct {
 	last []*EnhancedMessage
 }
 
-// NewPullConsumer returns a pull consumer for topic in group. It takes the
-// options of [Broker.NewConsumer] except the push-only ones
-// (WithConcurrency, Ordered, WithRetry, WithDeadLetter), which are
-// [ErrInvalidOption], and it takes [WithAutoCommit].
-func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*PullConsumer, error) {
-	cfg, err := newConsumerConfig(group, topic, opts)
+// NewPullConsumer returns a pull consumer for topic in group. It takes
+// every [GroupOption] and [WithAutoCommit]; the push-only options
+// (Ordered, WithConcurrency, WithRetry, WithMaxRetryBackoff,
+// WithDeadLetter) are [ConsumerOption]s, which it does not take. Bad
+// names and option values are as for [Broker.NewConsumer].
+func (b *Broker) NewPullConsumer(group, topic string, opts ...PullConsumerOption) (*PullConsumer, error) {
+	cfg, err := newConsumerConfig(group, topic, func(c *consumerConfig) {
+		for _, o := range opts {
+			if o != nil {
+				o.applyPull(c)
+			}
+		}
+	})
 	if err != nil {
-		return nil, errorf("ferry: new pull consumer: %w", err)
-	}
-	if len(cfg.pushOnly) > 0 {
-		return nil, errorf("ferry: new pull consumer: %w: %s is for push consumers", ErrInvalidOption, strings.Join(cfg.pushOnly, ", "))
+		return nil, &Error{Op: "new pull consumer", Err: err}
 	}
 	if b.closed.Load() {
-		return nil, errorf("ferry: new pull consumer: %w", ErrClosed)
+		return nil, &Error{Op: "new pull consumer", Err: ErrClosed}
 	}
 	m := newGroupMember(b, group, topic, cfg)
 	m.pull = true
@@ -52,8 +55,11 @@ func (b *Broker) NewPullConsumer(group, topic string, opts ...ConsumerOption) (*
 // its first assignment; see [Consumer.Start]: ctx bounds only the wait,
 // never the consumer. Poll and Messages call it if needed.
 func (c *PullConsumer) Start(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "start pull consumer", Err: err}
+	}
 	if err := c.m.start(ctx, nil); err != nil {
-		return errorf("ferry: start pull consumer: %w", err)
+		return &Error{Op: "start pull consumer", Err: err}
 	}
 	return nil
 }
@@ -65,11 +71,14 @@ func (c *PullConsumer) Start(ctx context.Context) error {
 // messages of earlier Polls finished. The caller owns the slice; the
 // messages are shared with other groups and must not be modified.
 func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &Error{Op: "poll", Err: err}
+	}
 	if max < 1 {
-		return nil, errorf("ferry: poll: %w: max %d", ErrInvalidOption, max)
+		return nil, &Error{Op: "poll", Err: fmt.Errorf("%w: max %d", ErrInvalidOption, max)}
 	}
 	if err := c.Start(ctx); err != nil {
-		return nil, errorf("ferry: poll: %w", err)
+		return nil, &Error{Op: "poll", Err: err}
 	}
 	c.finishLast()
 	// One Poll takes from one queue's buffer, which never holds more than
@@ -77,7 +86,7 @@ func (c *PullConsumer) Poll(ctx context.Context, max int) ([]*EnhancedMessage, e
 	out := make([]*EnhancedMessage, min(max, c.m.cfg.buffer.MaxMessages))
 	n, err := c.poll(ctx, out)
 	if err != nil {
-		return nil, errorf("ferry: poll: %w", err)
+		return nil, &Error{Op: "poll", Err: err}
 	}
 	out = out[:n:n]
 	if c.m.cfg.autoCommit {
@@ -98,6 +107,9 @@ func (c *PullConsumer) poll(ctx context.Context, dst []*EnhancedMessage) (int, e
 				return 0, err
 			}
 			return 0, ErrClosed
+		}
+		if r.expired() {
+			continue // the lease may have expired: the queue is lost
 		}
 		n, pending := r.buf.Take(dst)
 		if pending > 0 {
@@ -154,20 +166,23 @@ func (c *PullConsumer) finish(msgs []*EnhancedMessage) []*queueRun {
 // longer holds are ignored (the next owner delivers them again). After
 // Close it is [ErrClosed].
 func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) error {
+	if err := checkContext(ctx); err != nil {
+		return &Error{Op: "commit", Err: err}
+	}
 	c.m.mu.Lock()
 	closed := c.m.state == memberClosed
 	c.m.mu.Unlock()
 	if closed {
-		return errorf("ferry: commit: %w", ErrClosed)
+		return &Error{Op: "commit", Err: ErrClosed}
 	}
 	if err := ctx.Err(); err != nil {
-		return errorf("ferry: commit: %w", err)
+		return &Error{Op: "commit", Err: err}
 	}
 	var errs []error
 	for _, r := range c.finish(msgs) {
 		errs = append(errs, r.commit(false))
 	}
-	return errors.Join(errs...)
+	return joinErrors(errs...)
 }
 
 // Messages returns an iterator over the consumer's messages, one at a
@@ -178,14 +193,18 @@ func (c *PullConsumer) Commit(ctx context.Context, msgs ...*EnhancedMessage) err
 // [PullConsumer.Commit].
 func (c *PullConsumer) Messages(ctx context.Context) iter.Seq2[*EnhancedMessage, error] {
 	return func(yield func(*EnhancedMessage, error) bool) {
+		if err := checkContext(ctx); err != nil {
+			yield(nil, &Error{Op: "messages", Err: err})
+			return
+		}
 		if err := c.Start(ctx); err != nil {
-			yield(nil, errorf("ferry: messages: %w", err))
+			yield(nil, &Error{Op: "messages", Err: err})
 			return
 		}
 		var one [1]*EnhancedMessage
 		for {
 			if _, err := c.poll(ctx, one[:]); err != nil {
-				yield(nil, errorf("ferry: messages: %w", err))
+				yield(nil, &Error{Op: "messages", Err: err})
 				return
 			}
 			more := yield(one[0], nil)
@@ -208,7 +227,7 @@ func (c *PullConsumer) Assigned() []QueueID { return c.m.assigned() }
 // queues stay owned. See [Consumer.Pause].
 func (c *PullConsumer) Pause(queues ...QueueID) error {
 	if err := c.m.pause(true, queues); err != nil {
-		return errorf("ferry: pause: %w", err)
+		return &Error{Op: "pause", Err: err}
 	}
 	return nil
 }
@@ -217,7 +236,7 @@ func (c *PullConsumer) Pause(queues ...QueueID) error {
 // queue when none is given.
 func (c *PullConsumer) Resume(queues ...QueueID) error {
 	if err := c.m.pause(false, queues); err != nil {
-		return errorf("ferry: resume: %w", err)
+		return &Error{Op: "resume", Err: err}
 	}
 	return nil
 }
@@ -230,7 +249,7 @@ func (c *PullConsumer) Paused() []QueueID { return c.m.pausedQueues() }
 // Commit of them is ignored.
 func (c *PullConsumer) Seek(ctx context.Context, to ResetTo) error {
 	if err := c.m.seek(ctx, to); err != nil {
-		return errorf("ferry: seek: %w", err)
+		return &Error{Op: "seek", Err: err}
 	}
 	return nil
 }

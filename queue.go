@@ -7,7 +7,8 @@ import (
 
 // WritableQueue is the write side of a queue.
 //
-// Implementations must be safe for concurrent use.
+// Implementations must be safe for concurrent use. A nil ctx is
+// [ErrInvalidOption].
 type WritableQueue interface {
 	// ID returns the queue's identity.
 	ID() QueueID
@@ -25,6 +26,7 @@ type WritableQueue interface {
 // ReadableQueue is the read side of a queue.
 //
 // Implementations must be safe for concurrent use by any number of readers.
+// A nil ctx is [ErrInvalidOption].
 type ReadableQueue interface {
 	// ID returns the queue's identity.
 	ID() QueueID
@@ -41,9 +43,12 @@ type ReadableQueue interface {
 }
 
 // OffsetsContexter is an optional interface of a [ReadableQueue] whose
-// offsets live across a network (a distributed storage): OffsetsContext
-// is Offsets bounded by ctx, with the error Offsets cannot return. The
-// consumer uses it where a queue has it.
+// offsets live across a network (a distributed storage, natsstore's):
+// OffsetsContext is Offsets bounded by ctx, with the error Offsets cannot
+// return. A ctx already done is its error, a nil ctx [ErrInvalidOption];
+// after Close it is [ErrClosed]. The consumer's take and reset,
+// [Broker.Lag], [Broker.Groups], [Broker.ResetGroup] and Seek use it
+// where a queue has it.
 type OffsetsContexter interface {
 	OffsetsContext(ctx context.Context) (oldest, next int64, err error)
 }
@@ -95,6 +100,28 @@ type TryWriter interface {
 	TryWrite(msgs []*EnhancedMessage) (int64, error)
 }
 
+// AsyncWriter is implemented by queues that can have several writes in
+// flight, such as a network store pipelining its publishes;
+// [Producer.SendAsync] uses it (except on [Block] topics, whose writes
+// wait for room). WriteAsync begins a write of msgs, as Write would make
+// it, and returns without waiting for its outcome; writes begun one after
+// another are stored in that order. done is called exactly once per
+// write, with what Write would have returned, in the order the writes
+// were begun (a refused write too: bad input, a nil ctx, a closed
+// queue), on a goroutine of the queue's or, for a write refused at once,
+// possibly before WriteAsync returns. A write cut off by ctx, or failing
+// while in flight, may have been stored (as for Write, the outcome may be
+// unknown); writes begun after it go on and report their own outcome.
+// WriteAsync may block while the queue has many writes in flight. done
+// must not call WriteAsync or Close of the same queue, and should be
+// quick: it holds up the reports of later writes. Close reports every
+// write in flight (its outcome, or [ErrClosed] if the queue stops
+// waiting for it) and returns after every done has returned. The
+// messages are the queue's until done is called.
+type AsyncWriter interface {
+	WriteAsync(ctx context.Context, msgs []*EnhancedMessage, done func(first int64, err error))
+}
+
 // Releaser is implemented by queues with [Block] overflow. Release tells the
 // queue that every consumer is done with the messages below offset, so
 // retention may drop them to make room. Offsets only move forward; a lower
@@ -106,7 +133,7 @@ type Releaser interface {
 // Storage opens queues and keeps topic metadata.
 //
 // Implementations must be safe for concurrent use. After Close every method
-// returns [ErrClosed].
+// returns [ErrClosed]. A nil ctx is [ErrInvalidOption].
 type Storage interface {
 	// OpenQueue opens queue number queue (in [0, meta.Queues)) of the topic
 	// meta describes, creating it empty if needed. Invalid metadata or
@@ -124,7 +151,7 @@ type Storage interface {
 // topics (see [Broker.DeleteTopic]): DeleteTopic closes the topic's open
 // queues, forgets its metadata and frees what its messages took (memory,
 // files). Deleting a topic the storage does not hold does nothing; an
-// invalid name is [ErrInvalidTopic].
+// invalid name is [ErrInvalidTopic], a nil ctx [ErrInvalidOption].
 type TopicDeleter interface {
 	DeleteTopic(ctx context.Context, name string) error
 }
@@ -135,7 +162,8 @@ type TopicDeleter interface {
 // is found by the others. [Broker.CreateTopic] and a broker's lookup of a
 // topic it does not know use it when the storage has it; over another
 // storage, CreateTopic compares with Topics and then saves, which two
-// brokers may race, and a lookup lists every topic.
+// brokers may race, and a lookup lists every topic. A nil ctx is
+// [ErrInvalidOption].
 type SharedStorage interface {
 	// CreateTopic records meta unless the storage holds a topic of that
 	// name: with equal metadata (after [TopicMeta.Normalized]) it does

@@ -1,15 +1,26 @@
 package ferry
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"math"
 	"strconv"
 	"time"
+	"unicode/utf8"
 )
 
+// Retrying and dead-lettering, in one place. A failed attempt (a
+// handler's error or panic) is retried, with backoff ([WithRetry],
+// [RetryAfter]), until the last attempt or a [Permanent] error, after
+// which the message goes to the dead-letter topic. A retry in place
+// keeps the message in flight: [Ordered] waits its backoff out in the
+// handling worker (deliverer.handleOrdered), others wait in the retry
+// loop below (retryLoop), as does a failed retry or dead-letter write.
+//
 // Retries off the queue. In concurrent mode (not [Ordered], not
 // [Broadcast]) a failed message with attempts left is written to the
 // group's retry topic, due after its backoff (a delayed message, see
@@ -144,7 +155,7 @@ func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cau
 		_, err = m.b.delay.place(r.hctx, em, QueueID{Topic: target, Queue: v.Queue % t.meta.Queues}, at, true)
 	}
 	if err != nil {
-		m.report(errorf("ferry: retry %s offset %d to %q: %w (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, target, err))
+		m.report(&Error{Op: fmt.Sprintf("retry %s offset %d to %q (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, target), Err: err})
 		d.schedule(&retryItem{r: r, msg: msg, attempt: attempt, cause: cause, tries: try + 1, resend: true, id: id,
 			due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, try))})
 		return false
@@ -192,7 +203,7 @@ func (c *Consumer) ensureRetry(ctx context.Context, create bool) error {
 			}
 			c.retryMu.Unlock()
 			_ = rc.Close()
-			return errorf("ferry: start reading retry topic %q: %w", rc.m.topic, err)
+			return &Error{Op: fmt.Sprintf("start reading retry topic %q", rc.m.topic), Err: err}
 		}
 	}
 	return nil
@@ -223,14 +234,244 @@ func (c *Consumer) newRetryMember(ctx context.Context, create bool) (*Consumer, 
 	cfg.startFrom = Earliest                 // every retry written before it starts
 	cfg.onAssigned, cfg.onRevoked = nil, nil // the user's queues are the topic's
 	rc := &Consumer{m: newGroupMember(b, m.group, name, &cfg), h: c.h}
-	m.mu.Lock() // paused as the consumer's queues are
-	rc.m.pauseAll = m.pauseAll
-	for q, p := range m.paused {
-		if rc.m.paused == nil {
-			rc.m.paused = map[int]bool{}
-		}
-		rc.m.paused[q] = p
+	rc.m.closeOwner = rc.Close
+	rc.m.pausedBy = func(q int) bool { // paused as the consumer's queues are
+		v := rc.m.view.Load()
+		return v != nil && m.pausesRetryQueue(q, len(v.ids))
 	}
-	m.mu.Unlock()
 	return rc, nil
+}
+
+// Permanent marks err as not worth retrying: the message goes to the
+// dead-letter topic at once. The mark changes nothing of err's text
+// ([HeaderError] holds it as the handler wrote it); [IsPermanent] finds
+// it. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+
+func (e *permanentError) Unwrap() error { return e.err }
+
+// retryItem is a message waiting for its next attempt (concurrent mode),
+// or, with a cause, for another try of its dead-letter send.
+type retryItem struct {
+	r       *queueRun
+	msg     *EnhancedMessage
+	attempt int // the attempt to make; with a cause, the attempts made
+	due     time.Time
+	cause   error     // the handler's last error, when the dead letter (or the retry write) failed
+	tries   int       // with a cause, the send to make, from 2
+	resend  bool      // with a cause: the write to the retry topic failed, not the dead letter
+	id      MessageID // with resend: the ID of that write
+}
+
+// deadLetterOrRetry makes dead-letter send number try of msg, which failed
+// attempts times with cause, and reports whether it went. If it did not,
+// msg stays unfinished and in flight: another try is scheduled after a
+// backoff, as for a failed handling.
+func (d *deliverer) deadLetterOrRetry(r *queueRun, msg *EnhancedMessage, attempts int, cause error, try int) bool {
+	if d.deadLetter(r, msg, attempts, cause) {
+		return true
+	}
+	m := d.m
+	d.schedule(&retryItem{r: r, msg: msg, attempt: attempts, cause: cause, tries: try + 1,
+		due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, try))})
+	return false
+}
+
+// IsPermanent reports whether err was marked with [Permanent] (anywhere
+// in its chain): the consumer sends its message to the dead-letter topic
+// without retrying. For hooks and middleware that report failures.
+func IsPermanent(err error) bool { return isPermanent(err) }
+
+func isPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// backoff returns the wait before attempt+1: base doubled per attempt
+// after the first, capped at limit.
+func backoff(base, limit time.Duration, attempt int) time.Duration {
+	w := base
+	for i := 1; i < attempt && w < limit; i++ {
+		w *= 2
+	}
+	return min(w, limit)
+}
+
+// maxErrorHeader bounds the [HeaderError] value of a dead letter, in bytes:
+// the headers the consumer adds to a dead letter take at most a few
+// hundred bytes more.
+const maxErrorHeader = 1024
+
+// clip returns s cut to at most n bytes, on a UTF-8 boundary, marked "…"
+// when cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// deadLetter sends msg to the dead-letter topic, creating the topic (one
+// queue) if needed, and reports whether it went (a failure is reported;
+// the caller tries again).
+func (d *deliverer) deadLetter(r *queueRun, msg *EnhancedMessage, attempts int, cause error) bool {
+	m := d.m
+	msg = d.view(msg)
+	p, err := d.dlqProducer(r.hctx)
+	var res SendResult
+	if err == nil {
+		h := make(map[string]string, len(msg.Headers)+7)
+		maps.Copy(h, msg.Headers)
+		h[HeaderOriginTopic] = msg.Topic
+		h[HeaderOriginQueue] = strconv.Itoa(msg.Queue)
+		h[HeaderOriginOffset] = strconv.FormatInt(msg.Offset, 10)
+		h[HeaderOriginID] = msg.ID.String()
+		h[HeaderGroup] = m.group
+		h[HeaderAttempts] = strconv.Itoa(attempts)
+		h[HeaderError] = clip(cause.Error(), maxErrorHeader)
+		res, err = p.Send(r.hctx, &Message{Topic: m.cfg.deadLetter, Key: msg.Key, Tag: msg.Tag, Headers: h, Body: msg.Body})
+	}
+	if err != nil {
+		m.report(&Error{Op: fmt.Sprintf("dead letter %s offset %d to %q (the message stays unfinished; trying again)", msg.QueueID(), msg.Offset, m.cfg.deadLetter), Err: err})
+		return false
+	}
+	d.deadLettered.Add(1)
+	m.hooks.onDeadLettered(msg, res, attempts, cause)
+	m.b.log.Warn("ferry: dead letter", "group", m.group, "queue", msg.QueueID().String(), "offset", msg.Offset,
+		"attempts", attempts, "topic", m.cfg.deadLetter, "err", cause)
+	return true
+}
+
+func (d *deliverer) dlqProducer(ctx context.Context) (*Producer, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.producer != nil {
+		return d.producer, nil
+	}
+	b := d.m.b
+	if _, ok := b.Topic(d.m.cfg.deadLetter); !ok {
+		err := b.CreateTopic(ctx, TopicMeta{Name: d.m.cfg.deadLetter, Queues: 1})
+		if err != nil && !errors.Is(err, ErrTopicExists) {
+			return nil, err
+		}
+	}
+	// No size bound of its own: a message a producer could send, plus the
+	// headers added here, can always be dead-lettered (the queue's own
+	// limits still apply; a refused send is retried and reported).
+	p, err := b.NewProducer(WithProducerName(d.m.cfg.memberID), WithMaxMessageBytes(math.MaxInt))
+	if err != nil {
+		return nil, err
+	}
+	d.producer = p
+	return p, nil
+}
+
+// schedule queues a retry for its due time, or abandons the message when
+// its queue is being released: the next owner attempts it again, so a
+// release never waits out a backoff.
+func (d *deliverer) schedule(it *retryItem) {
+	d.mu.Lock()
+	if it.r.releasing.Load() {
+		d.mu.Unlock()
+		it.r.buf.abandon(it.msg)
+		return
+	}
+	heap.Push(&d.delayed, it)
+	if !d.looping {
+		d.looping = true
+		d.m.wg.Add(1) // a worker calls schedule: the member's count is not zero
+		go d.retryLoop()
+	}
+	d.mu.Unlock()
+	select {
+	case d.retryWake <- struct{}{}:
+	default:
+	}
+}
+
+// dropRetries abandons the retries waiting for r, which is being released
+// (r.releasing is set): their messages stay unfinished for the next owner.
+func (d *deliverer) dropRetries(r *queueRun) {
+	d.mu.Lock()
+	var dropped []*EnhancedMessage
+	kept := d.delayed[:0]
+	for _, it := range d.delayed {
+		if it.r == r {
+			dropped = append(dropped, it.msg)
+		} else {
+			kept = append(kept, it)
+		}
+	}
+	clear(d.delayed[len(kept):])
+	d.delayed = kept
+	heap.Init(&d.delayed)
+	d.mu.Unlock()
+	r.buf.abandon(dropped...)
+}
+
+// retryLoop hands retries to the workers when they are due, until the
+// consumer halts; retries still waiting then are dropped (their messages
+// are unfinished, so the next owner gets them).
+func (d *deliverer) retryLoop() {
+	m := d.m
+	defer m.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		d.mu.Lock()
+		now := time.Now()
+		for len(d.delayed) > 0 && !d.delayed[0].due.After(now) {
+			m.sched.pushRetry(heap.Pop(&d.delayed).(*retryItem))
+		}
+		wait := time.Hour
+		if len(d.delayed) > 0 {
+			wait = d.delayed[0].due.Sub(now)
+		}
+		d.mu.Unlock()
+		t.Reset(wait)
+		select {
+		case <-t.C:
+		case <-d.retryWake:
+		case <-m.halt:
+			d.mu.Lock()
+			clear(d.delayed)
+			d.delayed = nil
+			if d.producer != nil {
+				_ = d.producer.Close()
+			}
+			d.mu.Unlock()
+			return
+		}
+	}
+}
+
+type retryHeap []*retryItem
+
+func (h retryHeap) Len() int { return len(h) }
+
+func (h retryHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+
+func (h retryHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+
+func (h *retryHeap) Push(x any) { *h = append(*h, x.(*retryItem)) }
+
+func (h *retryHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return it
 }

@@ -318,7 +318,7 @@ func TestForgetGroupDeletesItsRetries(t *testing.T) {
 	require.NoError(t, c.Close())
 	_, ok := b.Topic(ferry.RetryTopic("g", "t"))
 	require.True(t, ok)
-	require.NoError(t, b.ForgetGroup("g", "t"))
+	require.NoError(t, b.ForgetGroup(t.Context(), "g", "t"))
 	_, ok = b.Topic(ferry.RetryTopic("g", "t"))
 	assert.False(t, ok, "the retry topic is gone")
 

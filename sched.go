@@ -132,7 +132,7 @@ func (s *scheduler) take(retire bool) (*queueRun, *retryItem) {
 		for s.ready.len() > 0 && r == nil {
 			r = s.ready.pop()
 			r.inReady = false
-			if r.releasing.Load() || r.paused.Load() || r.seeking.Load() {
+			if !r.admits() {
 				r = nil // resume lists it again
 			}
 		}

@@ -28,12 +28,12 @@ func TestDeleteTopic(t *testing.T) {
 			require.NoError(t, c.Start(ctx))
 			tl.waitAll(t)
 
-			require.ErrorIs(t, b.DeleteTopic(ctx, "t", false), ferry.ErrGroupActive)
+			require.ErrorIs(t, b.DeleteTopic(ctx, "t"), ferry.ErrGroupActive)
 			_, ok := b.Topic("t")
 			require.True(t, ok, "refused: nothing changed")
-			require.ErrorIs(t, b.DeleteTopic(ctx, "nope", true), ferry.ErrTopicNotFound)
+			require.ErrorIs(t, b.DeleteTopic(ctx, "nope", ferry.ForceDelete()), ferry.ErrTopicNotFound)
 
-			require.NoError(t, b.DeleteTopic(ctx, "t", true))
+			require.NoError(t, b.DeleteTopic(ctx, "t", ferry.ForceDelete()))
 			require.ErrorIs(t, c.Start(ctx), ferry.ErrClosed, "the topic's consumer was closed")
 			_, ok = b.Topic("t")
 			assert.False(t, ok)
@@ -46,7 +46,7 @@ func TestDeleteTopic(t *testing.T) {
 
 			// The name can be used again, from scratch.
 			require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "t", Queues: 1}))
-			_, err = b.Lag(ctx, "t", "g")
+			_, err = b.Lag(ctx, "g", "t")
 			require.ErrorIs(t, err, ferry.ErrGroupNotFound, "the old group's cursors are gone")
 		})
 	}
@@ -62,7 +62,7 @@ func TestDeleteTopicFilestoreFiles(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "gone", Queues: 2}))
 	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "kept", Queues: 1}))
-	require.NoError(t, b.DeleteTopic(ctx, "gone", false))
+	require.NoError(t, b.DeleteTopic(ctx, "gone"))
 	_, err = os.Stat(filepath.Join(dir, "topics", "gone"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 	require.NoError(t, b.Close())
@@ -80,7 +80,7 @@ func TestDeleteTopicFilestoreFiles(t *testing.T) {
 func TestDeleteTopicNeedsTopicDeleter(t *testing.T) {
 	b, _ := ferrytest.NewFakeBroker(t)
 	require.NoError(t, b.CreateTopic(context.Background(), ferry.TopicMeta{Name: "t", Queues: 1}))
-	require.ErrorIs(t, b.DeleteTopic(context.Background(), "t", true), ferry.ErrInvalidOption)
+	require.ErrorIs(t, b.DeleteTopic(context.Background(), "t", ferry.ForceDelete()), ferry.ErrInvalidOption)
 }
 
 // AddQueues grows a topic: offsets stay, consumers rebalance over the new

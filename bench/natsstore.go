@@ -39,6 +39,8 @@ import (
 //     with 4,000 ÷ Batch goroutines calling SendBatch at once ("ferry N
 //     senders") beside PublishAsync's 4,000, and one SendBatch at a time
 //     beside PublishAsync with a window of Batch ("nats window=Batch").
+//     And one goroutine calling Producer.SendAsync with 4,000 in flight
+//     (WithMaxInFlight) beside PublishAsync's 4,000 ("ferry async").
 //   - latency: publish → handler, one message in flight (the next sent
 //     once the previous was handled): Send to a consumer group member on
 //     natsstore's coordinator and cursor store vs jetstream.Publish to a
@@ -107,13 +109,17 @@ func (s NATSSizes) Senders() int { return max(1, asyncWindow/s.Batch) }
 func (s NATSSizes) ferrySenders() string { return fmt.Sprintf("ferry %d senders", s.Senders()) }
 func (s NATSSizes) natsWindow() string   { return fmt.Sprintf("nats window=%d", s.Batch) }
 
+// ferryAsync is the batch case of one goroutine calling SendAsync with
+// asyncWindow sends in flight.
+const ferryAsync = "ferry async"
+
 func natsstoreCases(s NATSSizes) []NATSCase {
 	var out []NATSCase
 	for _, r := range []int{1, 3} {
 		out = append(out,
 			NATSCase{r, "sync", "ferry"}, NATSCase{r, "sync", "nats"},
 			NATSCase{r, "batch", "ferry"}, NATSCase{r, "batch", "nats"}, NATSCase{r, "batch", "nats atomic batch"},
-			NATSCase{r, "batch", s.ferrySenders()}, NATSCase{r, "batch", s.natsWindow()},
+			NATSCase{r, "batch", s.ferrySenders()}, NATSCase{r, "batch", s.natsWindow()}, NATSCase{r, "batch", ferryAsync},
 			NATSCase{r, "latency", "ferry"}, NATSCase{r, "latency", "nats"})
 	}
 	return out
@@ -136,7 +142,7 @@ func RunNATS(ctx context.Context, s NATSSizes, progress io.Writer) (*NATSReport,
 		for _, replicas := range []int{1, 3} {
 			rig, err := startRig(ctx, replicas)
 			if err != nil {
-				return nil, fmt.Errorf("R%d servers: %w", replicas, err)
+				return nil, fmt.Errorf("servers with %d replicas: %w", replicas, err)
 			}
 			for _, c := range rep.Cases {
 				if c.Replicas != replicas {
@@ -147,7 +153,7 @@ func RunNATS(ctx context.Context, s NATSSizes, progress io.Writer) (*NATSReport,
 				smp, err := rig.measure(cctx, c, s, fmt.Sprintf("b%d", seq))
 				cancel()
 				if err != nil {
-					return nil, errors.Join(fmt.Errorf("R%d %s %s: %w", c.Replicas, c.Workload, c.System, err), rig.close())
+					return nil, errors.Join(fmt.Errorf("%s on %s with %d replicas: %w", c.Workload, c.System, c.Replicas, err), rig.close())
 				}
 				rep.Samples[c] = append(rep.Samples[c], smp)
 				fmt.Fprintf(progress, "run %d/%d  R%d %-8s %-18s %9.0f msgs/s %9.1f µs/msg", run+1, s.Runs, c.Replicas, c.Workload, c.System, smp.Rate(), smp.NsPerMsg()/1e3)
@@ -272,6 +278,8 @@ func (r *rig) measure(ctx context.Context, c NATSCase, s NATSSizes, name string)
 		return r.ferry(ctx, c.Workload, s.Senders(), s, name, body)
 	case s.natsWindow():
 		return r.raw(ctx, c.Workload, false, s.Batch, s, name, body)
+	case ferryAsync:
+		return r.ferry(ctx, "async", 1, s, name, body)
 	}
 	return r.raw(ctx, c.Workload, c.System == "nats atomic batch", asyncWindow, s, name, body)
 }
@@ -301,17 +309,38 @@ func (r *rig) ferry(ctx context.Context, workload string, senders int, s NATSSiz
 	}
 	defer func() { err = errors.Join(err, b.Close()) }()
 	// Deleting the streams and buckets is left to the rig's shutdown.
-	n := map[string]int{"sync": s.SyncN, "batch": s.BatchN, "latency": s.LatencyN}[workload]
+	n := map[string]int{"sync": s.SyncN, "batch": s.BatchN, "async": s.BatchN, "latency": s.LatencyN}[workload]
 	ret := ferry.Retention{MaxMessages: int64(max(n, ferry.DefaultRetentionMessages)), MaxBytes: ferry.Unlimited}
 	if err := b.CreateTopic(ctx, ferry.TopicMeta{Name: "bench", Queues: 1, Retention: ret}); err != nil {
 		return smp, err
 	}
-	p, err := b.NewProducer()
+	p, err := b.NewProducer(ferry.WithMaxInFlight(asyncWindow))
 	if err != nil {
 		return smp, err
 	}
 	defer func() { err = errors.Join(err, p.Close()) }()
 	switch workload {
+	case "async":
+		var failed atomic.Int64
+		done := func(_ ferry.SendResult, err error) {
+			if err != nil {
+				failed.Add(1)
+			}
+		}
+		start := time.Now()
+		for range n {
+			if err := p.SendAsync(ctx, &ferry.Message{Topic: "bench", Body: body}, done); err != nil {
+				return smp, err
+			}
+		}
+		if err := p.Flush(ctx); err != nil {
+			return smp, err
+		}
+		elapsed := time.Since(start)
+		if k := failed.Load(); k > 0 {
+			return smp, fmt.Errorf("%d async sends failed", k)
+		}
+		return NATSSample{Msgs: n, Elapsed: elapsed}, nil
 	case "sync":
 		start := time.Now()
 		for range n {
@@ -556,6 +585,8 @@ func (rep *NATSReport) Ratios() []NATSRatio {
 				per(NATSCase{r, "batch", rep.Sizes.ferrySenders()}, n("batch"), rateRatio)},
 			NATSRatio{fmt.Sprintf("R%d batch, %d in flight each: Ferry SendBatch ÷ PublishAsync window=%d", r, rep.Sizes.Batch, rep.Sizes.Batch), "",
 				per(f("batch"), NATSCase{r, "batch", rep.Sizes.natsWindow()}, rateRatio)},
+			NATSRatio{fmt.Sprintf("R%d one goroutine, %d in flight each: Ferry SendAsync ÷ PublishAsync", r, asyncWindow), map[int]string{1: "", 3: "≥ 0.8"}[r],
+				per(NATSCase{r, "batch", ferryAsync}, n("batch"), rateRatio)},
 			NATSRatio{fmt.Sprintf("R%d latency p50: Ferry ÷ js.Publish → Consume", r), "≤ 1.5", per(f("latency"), n("latency"), p50)},
 			NATSRatio{fmt.Sprintf("R%d latency p99: Ferry ÷ js.Publish → Consume", r), "", per(f("latency"), n("latency"), p99)},
 		)

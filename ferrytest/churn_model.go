@@ -49,7 +49,10 @@ import (
 //     old owner abandoned, and a stale call of the old owner is an overlap;
 //   - cursor-backwards: a committed cursor never moves back (no reset is
 //     reported, and with default retention none may be: "reset");
-//   - self-closed: a pull consumer stays open until the test closes it.
+//   - self-closed: a pull consumer stays open until the test closes it;
+//   - unfenced-commit: over a [ferry.FencedCursorStore], every commit of
+//     the consumers reaches the store through CommitFenced, with its
+//     token (the tracker's own wrapper of the store keeps it).
 //
 // At the end of every round it waits (bounded by a watchdog that fails
 // with a dump of the tracker) until every produced offset is finished for
@@ -151,8 +154,9 @@ func bodyID(body []byte) uint64 {
 type churnMember struct {
 	id, group string
 	pull      bool
-	fragile   bool // a tiny drain timeout: Close while busy is a crash
-	opts      []ferry.ConsumerOption
+	fragile   bool                       // a tiny drain timeout: Close while busy is a crash
+	opts      []ferry.ConsumerOption     // a push member's
+	pullOpts  []ferry.PullConsumerOption // a pull member's
 	push      *ferry.Consumer
 	pc        *ferry.PullConsumer
 	closing   atomic.Bool
@@ -275,7 +279,7 @@ func (c *churn) open() {
 	}
 	b, err := ferry.NewBroker(
 		ferry.WithStorage(&trackedStorage{Storage: storage, tr: c.tr, failOf: failOf}),
-		ferry.WithCursorStore(newTrackedCursors(cursors, c.tr)),
+		ferry.WithCursorStore(newTrackedCursors(fenceProbe(cursors, c.tr), c.tr)),
 		ferry.WithCoordinator(c.be.Coordinator),
 		ferry.WithLogger(slog.New(trackLog{c.tr})))
 	must(t, err, "new broker")
@@ -352,7 +356,7 @@ func (c *churn) step() {
 	case a < 8:
 		if m := c.pick("", nil); m != nil {
 			c.closeMember(m, false)
-			c.start(m.group, m.id, m.pull, m.fragile, m.opts)
+			c.start(m.group, m.id, m.pull, m.fragile, m.opts, m.pullOpts)
 		}
 	}
 }
@@ -400,34 +404,44 @@ func (c *churn) join(group string, pull, fragile bool) {
 		kind += "f"
 	}
 	id := fmt.Sprintf("%s-%s-%d", group, kind, c.seq)
-	opts := []ferry.ConsumerOption{
+	shared := []ferry.GroupOption{
 		ferry.WithMemberID(id),
 		ferry.WithBuffer(8+c.rng.IntN(64), 1<<20),
 		ferry.WithOnReset(func(q ferry.QueueID, from, to int64) { c.tr.reset(group, q, from, to) }),
 	}
-	if !pull {
-		workers := 1 + c.rng.IntN(4)
-		c.tr.setWorkers(id, workers)
-		opts = append(opts, ferry.WithConcurrency(workers),
-			ferry.WithRetry(4, 200*time.Microsecond), ferry.WithMaxRetryBackoff(time.Millisecond))
-		if churnGroups[group] {
-			opts = append(opts, ferry.Ordered())
+	if pull {
+		var opts []ferry.PullConsumerOption
+		for _, o := range shared {
+			opts = append(opts, o)
 		}
-		if fragile {
-			opts = append(opts, ferry.WithDrainTimeout(time.Millisecond))
-		}
+		c.start(group, id, pull, fragile, nil, opts)
+		return
 	}
-	c.start(group, id, pull, fragile, opts)
+	var opts []ferry.ConsumerOption
+	for _, o := range shared {
+		opts = append(opts, o)
+	}
+	workers := 1 + c.rng.IntN(4)
+	c.tr.setWorkers(id, workers)
+	opts = append(opts, ferry.WithConcurrency(workers),
+		ferry.WithRetry(4, 200*time.Microsecond), ferry.WithMaxRetryBackoff(time.Millisecond))
+	if churnGroups[group] {
+		opts = append(opts, ferry.Ordered())
+	}
+	if fragile {
+		opts = append(opts, ferry.WithDrainTimeout(time.Millisecond))
+	}
+	c.start(group, id, pull, fragile, opts, nil)
 }
 
-// start makes and starts a member; a pull member starts through its first
-// Poll, in its loop.
-func (c *churn) start(group, id string, pull, fragile bool, opts []ferry.ConsumerOption) {
-	m := &churnMember{id: id, group: group, pull: pull, fragile: fragile, opts: opts,
+// start makes and starts a member with opts (push) or pullOpts (pull); a
+// pull member starts through its first Poll, in its loop.
+func (c *churn) start(group, id string, pull, fragile bool, opts []ferry.ConsumerOption, pullOpts []ferry.PullConsumerOption) {
+	m := &churnMember{id: id, group: group, pull: pull, fragile: fragile, opts: opts, pullOpts: pullOpts,
 		poll: []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond}[c.rng.IntN(3)]}
 	var err error
 	if pull {
-		m.pc, err = c.b.NewPullConsumer(group, churnTopic, opts...)
+		m.pc, err = c.b.NewPullConsumer(group, churnTopic, pullOpts...)
 		must(c.t, err, "new pull consumer")
 		ctx, cancel := context.WithCancel(context.Background())
 		m.stopLoop, m.loopDone = cancel, make(chan struct{})

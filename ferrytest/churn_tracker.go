@@ -41,10 +41,11 @@ const (
 	violProduce   = "produce"
 	violReopen    = "reopen"
 	violDLQ       = "dead-letter-readback"
+	violUnfenced  = "unfenced-commit" // a consumer's commit reached a fenced store without its token
 )
 
 var violKinds = []string{violOverlap, violStale, violOrder, violCursor, violStall, violCursorEnd, violLoss, violPermanent,
-	violIntegrity, violReset, violSelfClose, violStart, violProduce, violReopen, violDLQ}
+	violIntegrity, violReset, violSelfClose, violStart, violProduce, violReopen, violDLQ, violUnfenced}
 
 // outcome is how one handler call (or pull handling) ended.
 type outcome int
@@ -602,39 +603,50 @@ func mapKeysOf[V any](m map[string]V) func(func(string) bool) {
 	}
 }
 
-// trackedCursors is a CursorStore that tells the tracker every commit the
-// store accepted. Commits of one (group, queue) are serialized across the
-// delegate call, so the order the tracker sees is the store's.
-type trackedCursors struct {
-	ferry.CursorStore
-	tr *tracker
-
-	mu    sync.Mutex // guards locks
-	locks map[string]*sync.Mutex
+// newTrackedCursors returns s wrapped to tell the tracker every commit of
+// the churn topic the store accepted. Commits of one (group, queue) are
+// serialized across the delegate call, so the order the tracker sees is
+// the store's. A variable, so that a test of the suite can put a broken
+// wrapper in its place (one that drops CommitFenced), which the
+// unfenced-commit check must catch.
+var newTrackedCursors = func(s ferry.CursorStore, tr *tracker) ferry.CursorStore {
+	var mu sync.Mutex // guards locks
+	locks := map[string]*sync.Mutex{}
+	return wrapCursors(s, func(c commitCall, commit func() error) error {
+		mu.Lock()
+		k := c.topic + "/" + c.group + "/" + strconv.Itoa(c.queue)
+		l := locks[k]
+		if l == nil {
+			l = &sync.Mutex{}
+			locks[k] = l
+		}
+		mu.Unlock()
+		l.Lock()
+		defer l.Unlock()
+		if err := commit(); err != nil {
+			return err
+		}
+		if c.topic == churnTopic {
+			tr.committed(c.group, c.queue, c.offset)
+		}
+		return nil
+	})
 }
 
-func newTrackedCursors(s ferry.CursorStore, tr *tracker) *trackedCursors {
-	return &trackedCursors{CursorStore: s, tr: tr, locks: map[string]*sync.Mutex{}}
-}
-
-func (c *trackedCursors) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	c.mu.Lock()
-	k := topic + "/" + group + "/" + strconv.Itoa(queue)
-	l := c.locks[k]
-	if l == nil {
-		l = &sync.Mutex{}
-		c.locks[k] = l
-	}
-	c.mu.Unlock()
-	l.Lock()
-	defer l.Unlock()
-	if err := c.CursorStore.Commit(ctx, topic, group, queue, offset); err != nil {
-		return err
-	}
-	if topic == churnTopic {
-		c.tr.committed(group, queue, offset)
-	}
-	return nil
+// fenceProbe returns s wrapped to record, as a violation, a commit of the
+// churn topic that reaches a fenced store without its token: the
+// consumer commits through CommitFenced when its store has it, so a
+// plain Commit here means a wrapper between the two (the tracker's own,
+// say) hid CommitFenced, and the consumer's commits went unfenced.
+func fenceProbe(s ferry.CursorStore, tr *tracker) ferry.CursorStore {
+	_, fenced := s.(ferry.FencedCursorStore)
+	return wrapCursors(s, func(c commitCall, commit func() error) error {
+		if fenced && !c.fenced && c.topic == churnTopic {
+			tr.violate(violUnfenced, "group %s queue %d: the consumer committed %d with a plain Commit, though the store is a FencedCursorStore: a wrapper between them dropped CommitFenced (a wrapper of a FencedCursorStore must wrap CommitFenced too)",
+				c.group, c.queue, c.offset)
+		}
+		return commit()
+	})
 }
 
 // trackedStorage is a Storage whose dead-letter queues tell the tracker

@@ -135,6 +135,9 @@ func (c *FakeClock) Timers() int {
 // done (its error): a test knows then that the code under test is
 // waiting on the clock, and can advance it.
 func (c *FakeClock) WaitForTimers(ctx context.Context, n int) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	for {
 		c.mu.Lock()
 		k, added := len(c.timers), c.added

@@ -31,6 +31,14 @@ type Backend struct {
 	// backend that keeps nothing across a close (memory): the subtests that
 	// reopen then keep the one Backend open from round to round instead.
 	Reopen func(t *testing.T) Backend
+	// Expire, when set, makes the session of member in group g of
+	// Coordinator (which must then be set) expire as if the member had
+	// gone silent for the time to live, its leases lost: as
+	// [CoordinatorFeatures].Expire, a [FakeCoordinator]'s Expire, say. It
+	// may return before the expiry takes effect. With it, TestConsumers
+	// checks what a lease loss does to a consumer (the LeaseLoss
+	// subtest); without it, that subtest is skipped.
+	Expire func(g ferry.GroupKey, member string)
 }
 
 func (b Backend) close() error {
@@ -92,7 +100,15 @@ func (f ConsumerFeatures) scale(n, floor int) int {
 //
 //   - ExactlyOnceStableGroup: three members split eight queues as
 //     [ferry.AllocateAveragely] says, never a queue held twice, and
-//     handle every message once.
+//     handle every message once; once split, no member loses a queue
+//     and no commit is refused with [ferry.ErrFenced] (a fenced store
+//     refuses only the commits of a lease that was lost).
+//   - LeaseLoss (with [Backend].Expire): a member's session expires while
+//     it is inside a handler; the handler is cancelled at once, the old
+//     member handles and commits nothing more of the queue, the new owner
+//     starts at the last commit before the loss with a larger token, and
+//     over a [ferry.FencedCursorStore] a late commit of the old owner is
+//     refused and moves nothing.
 //   - ResumeFromCommittedCursor: a closed consumer's group resumes at its
 //     committed cursor (only new messages); a closed consumer does not
 //     start again.
@@ -137,6 +153,7 @@ func TestConsumers(t *testing.T, f ConsumerFeatures, open BackendOpener) {
 		run(t, ff, name, func(t *testing.T, w *watchdog) { known(t, name); body(s.env(t, w)) })
 	}
 	sub("ExactlyOnceStableGroup", s.exactlyOnce)
+	sub("LeaseLoss", s.leaseLoss)
 	sub("ResumeFromCommittedCursor", s.resume)
 	sub("StartFromOnNewGroup", s.startFrom)
 	sub("OrderedPerKeyOrder", s.ordered)
@@ -352,8 +369,10 @@ func (s *consumerSuite) exactlyOnce(e *env) {
 	b := e.newTopic(8)
 	c := NewTally(n)
 	var cs []*ferry.Consumer
+	watch := &stableWatch{t: t}
 	for i := range 3 {
-		cs = append(cs, StartConsumer(t, b, "g", c.Handler(), ferry.WithMemberID("m"+strconv.Itoa(i))))
+		id := "m" + strconv.Itoa(i)
+		cs = append(cs, StartConsumer(t, b, "g", c.Handler(), append(watch.opts(id), ferry.WithMemberID(id))...))
 	}
 	// AllocateAveragely over m0, m1, m2: {0,1,2}, {3,4,5}, {6,7}.
 	want := [][]ferry.QueueID{{{Topic: "t", Queue: 0}, {Topic: "t", Queue: 1}, {Topic: "t", Queue: 2}}, {{Topic: "t", Queue: 3}, {Topic: "t", Queue: 4}, {Topic: "t", Queue: 5}}, {{Topic: "t", Queue: 6}, {Topic: "t", Queue: 7}}}
@@ -366,9 +385,21 @@ func (s *consumerSuite) exactlyOnce(e *env) {
 		}
 		return true
 	})
+	watch.stable.Store(true)
 
 	Produce(t, b, "t", "m", n, 1000)
 	e.waitAll(c)
+	// Every commit is in before the group stops being stable.
+	e.waitFor("every message committed", func() bool {
+		offs, err := e.be.Cursors.Load(e.w.ctx, "t", "g", 8)
+		must(t, err, "load cursors")
+		sum := int64(0)
+		for _, o := range offs {
+			sum += max(o, 0)
+		}
+		return sum == int64(n)
+	})
+	watch.stable.Store(false)
 	for _, cn := range cs {
 		must(t, cn.Close(), "close")
 	}

@@ -81,19 +81,29 @@ const pollEvery = 10 * time.Millisecond
 //   - LockCancel: a waiting Lock returns its ctx's error when ctx is done,
 //     and the queue can be locked afterwards.
 //   - LockIndependent: locks of other queues, groups and topics do not
-//     wait for each other.
+//     wait for each other, at every queue index: queues that differ in
+//     any one bit of their index (0 and 1<<k, MaxQueues-1 and
+//     MaxQueues-1 with bit k cleared) have locks of their own.
 //   - Tokens: every Lock of a (group, queue) gets a token larger than all
 //     before it, across sessions and after a leave and a rejoin.
-//   - Leave: the session's Done is closed, its leases are released
-//     (another session locks at once), a Lock waiting in it and any Lock
-//     after it are [ferry.ErrSessionExpired], Leave and Release again are
-//     nil, the coordinator's Members no longer lists it as soon as Leave
-//     returns, and the others see it leave.
+//   - TokenOrder: tokens grow in the order the lock is granted, not the
+//     order Locks start: a holder releases and locks again while another
+//     session waits, many times over, and every grant's token is larger
+//     than the grant's before it.
+//   - Leave: the session's Done is closed, its leases not released are
+//     lost (Lost closed) by then and before the Lock of another session
+//     waiting for one returns, another session locks their queues at
+//     once, a Lock waiting in it and any Lock after it are
+//     [ferry.ErrSessionExpired], Leave and Release again are nil, the
+//     coordinator's Members no longer lists it as soon as Leave returns,
+//     and the others see it leave.
 //   - Wake: a waiting Lock returns within a second of the Release (or
-//     Leave) it waits for: it is woken, not polling on a long interval.
-//   - Close: every session's Done is closed and every lease's Lost; Lock
-//     (waiting or new) is [ferry.ErrSessionExpired]; Join and Members are
-//     [ferry.ErrClosed]; Close twice is nil.
+//     Leave) it waits for, and, measured over several rounds, about as
+//     fast as an unwaited Release and Lock: it is woken, not polling.
+//   - Close: every session's Done is closed, and by the time it is, the
+//     Lost of every lease of the session; Lock (waiting or new) is
+//     [ferry.ErrSessionExpired]; Join and Members are [ferry.ErrClosed];
+//     Close twice is nil.
 //   - Expiry (with [CoordinatorFeatures].Expire): an expired member's
 //     leases are lost (Lost closed) before another session's Lock of the
 //     queue returns, with a larger token; its Done is closed; a Lock
@@ -105,6 +115,10 @@ const pollEvery = 10 * time.Millisecond
 //     in the order the lock was taken.
 //   - ConcurrentMembership: members joining and leaving at once end in
 //     the membership every session sees.
+//   - NilContext: Join, Members, Lock, Release and Leave with a nil
+//     context are [ferry.ErrInvalidOption], never a panic, and change
+//     nothing: the member stays alone in its group, its session and
+//     lease live, and the lock stays held.
 //   - Peers (with [CoordinatorFeatures].Peer): a Join or Leave through
 //     one coordinator shows in the other's sessions (a Changed value,
 //     then Members) and, eventually, in its Members, while each reads
@@ -121,12 +135,14 @@ func TestCoordinator(t *testing.T, f CoordinatorFeatures, open CoordinatorOpener
 	run(t, ff, "LockCancel", s.lockCancel)
 	run(t, ff, "LockIndependent", s.lockIndependent)
 	run(t, ff, "Tokens", s.tokens)
+	run(t, ff, "TokenOrder", s.tokenOrder)
 	run(t, ff, "Leave", s.leave)
 	run(t, ff, "Wake", s.wake)
 	run(t, ff, "Close", s.close)
 	run(t, ff, "Expiry", s.expiry)
 	run(t, ff, "ConcurrentLocks", s.concurrentLocks)
 	run(t, ff, "ConcurrentMembership", s.concurrentMembership)
+	run(t, ff, "NilContext", s.nilContext)
 	run(t, ff, "Peers", s.peers)
 }
 
@@ -493,6 +509,41 @@ func (s *coordSuite) lockIndependent(t *testing.T, w *watchdog) {
 	lockQ(t, w, b, "m-b, queue MaxQueues-1", ferry.MaxQueues-1)
 	_, err := b.Lock(w.ctx, -1)
 	wantErr(t, err, ferry.ErrInvalidOption, "Lock of queue -1")
+
+	// Every bit of the index counts: with queues 0 and MaxQueues-1 held
+	// in one group, another session locks each queue one bit away from
+	// them. An implementation that keys its locks by part of the index
+	// (its low byte, say) makes one of these wait for a held lock.
+	gBits := ferry.GroupKey{Scope: "bits", Topic: "orders"}
+	h := joinC(t, w, c, gBits, "m-a")
+	o := joinC(t, w, c, gBits, "m-b")
+	lockQ(t, w, h, "m-a in "+gBits.String(), 0)
+	lockQ(t, w, h, "m-a in "+gBits.String(), ferry.MaxQueues-1)
+	for bit := 1; bit < ferry.MaxQueues; bit <<= 1 {
+		for _, q := range []struct{ q, held int }{{bit, 0}, {(ferry.MaxQueues - 1) &^ bit, ferry.MaxQueues - 1}} {
+			lockFree(t, w, o, q.q, q.held)
+		}
+	}
+}
+
+// freeBound bounds the Lock of a queue nobody holds: a watchdog (a
+// correct Lock returns in a round trip), not a performance bound.
+const freeBound = 5 * time.Second
+
+// lockFree locks queue q, which nobody holds, in sess, failing if the
+// Lock waits (for the lock of queue held, as it would if they shared one).
+func lockFree(t *testing.T, w *watchdog, sess ferry.Session, q, held int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(w.ctx, min(freeBound, w.timeout/2))
+	defer cancel()
+	l, err := sess.Lock(ctx, q)
+	if err != nil && ctx.Err() != nil && w.ctx.Err() == nil {
+		t.Fatalf("Lock of free queue %d waited %v while another session held queue %d: the two queues share a lock (is the queue index cut to fewer bits?)", q, min(freeBound, w.timeout/2), held)
+	}
+	must(t, err, fmt.Sprintf("Lock of free queue %d", q))
+	if l == nil {
+		t.Fatalf("Lock of queue %d returned a nil lease and no error", q)
+	}
 }
 
 func (s *coordSuite) tokens(t *testing.T, w *watchdog) {
@@ -539,6 +590,60 @@ func (s *coordSuite) tokens(t *testing.T, w *watchdog) {
 	check(l, "the last Lock")
 }
 
+// tokenOrderCycles is how many times TokenOrder's holder releases and
+// locks again while the other session waits.
+const tokenOrderCycles = 20
+
+// tokenOrder checks that tokens grow in grant order. A token drawn when a
+// Lock starts, rather than when it is granted, shows once a Lock that
+// started later is granted first: here, when the holder releases and
+// locks again while another session waits, and the holder's new Lock
+// wins. Which Lock wins each cycle is the implementation's: the check
+// holds whichever does. A fair (first come, first served) one always
+// grants the waiter, so its grant order is its start order and an early
+// token cannot show, nor do harm; one that lets the new Lock win at all
+// (the memory coordinator does, as the waiter must first be woken) is
+// all but sure to let it win in some of the cycles. How many the holder
+// won is logged.
+func (s *coordSuite) tokenOrder(t *testing.T, w *watchdog) {
+	c := s.openC(t, w)
+	const q = 4
+	sess := map[string]ferry.Session{"m-a": joinC(t, w, c, gOrders, "m-a"), "m-b": joinC(t, w, c, gOrders, "m-b")}
+	holder, waiter := "m-a", "m-b"
+	held := lockQ(t, w, sess[holder], holder, q)
+	last := held.Token()
+	waiting := goLock(t, w, w.ctx, sess[waiter], q)
+	stillBlocked(t, waiting, waiter+" locking queue 4 held by "+holder)
+	holderWins := 0
+	granted := func(r lockResult, who string, i int) {
+		t.Helper()
+		must(t, r.err, fmt.Sprintf("Lock of queue %d by %s (cycle %d)", q, who, i))
+		if r.l.Token() <= last {
+			t.Fatalf("cycle %d: the Lock of %s was granted token %d after a grant of token %d: tokens must grow in the order the lock is granted (is the token drawn when a Lock starts waiting?)",
+				i, who, r.l.Token(), last)
+		}
+		last, held = r.l.Token(), r.l
+	}
+	for i := range tokenOrderCycles {
+		release(t, w, held, holder+"'s lease")
+		relock := goLock(t, w, w.ctx, sess[holder], q)
+		select {
+		case r := <-relock: // the holder won; the waiter waits on
+			holderWins++
+			granted(r, holder, i)
+		case r := <-waiting: // the waiter won; the old holder waits now
+			granted(r, waiter, i)
+			holder, waiter, waiting = waiter, holder, relock
+		case <-w.ctx.Done():
+			t.Fatalf("cycle %d: neither the waiting Lock of %s nor the new Lock of %s returned after %s released the lock", i, waiter, holder, holder)
+		}
+		w.progress()
+	}
+	release(t, w, held, holder+"'s lease")
+	granted(awaitLock(t, w, waiting, waiter+" locking queue 4 at last"), waiter, tokenOrderCycles)
+	t.Logf("the holder's new Lock won %d of %d cycles over the waiting one", holderWins, tokenOrderCycles)
+}
+
 func (s *coordSuite) leave(t *testing.T, w *watchdog) {
 	c := s.openC(t, w)
 	a := joinC(t, w, c, gOrders, "m-a")
@@ -556,12 +661,21 @@ func (s *coordSuite) leave(t *testing.T, w *watchdog) {
 	}
 
 	must(t, a.Leave(w.ctx), "Leave")
-	wantMembers(t, w, c, gOrders, "m-b")
-	awaitClosed(t, w, a.Done(), "Done of a session that left")
 	r := awaitLock(t, w, waiting, "m-b locking queue 0 after its holder m-a left")
+	// Checked before anything else: the lease m-a left holding is lost
+	// before anyone else could lock its queue.
+	lost := isClosed(la0.Lost())
 	must(t, r.err, "Lock of queue 0 after its holder left")
+	if !lost {
+		t.Fatal("m-b's Lock of queue 0 returned before Lost of the lease m-a held when it left was closed: a session that ends loses the leases it did not release, before anyone else can lock their queues (Lease.Lost)")
+	}
 	if r.l.Token() <= la0.Token() {
 		t.Fatalf("token %d after the holder left is not larger than the holder's %d", r.l.Token(), la0.Token())
+	}
+	wantMembers(t, w, c, gOrders, "m-b") // the coordinator reads its own Leave
+	awaitClosed(t, w, a.Done(), "Done of a session that left")
+	if !isClosed(la1.Lost()) {
+		t.Fatal("Done of a session that left was closed before Lost of a lease it held: every lease of the session is lost by the time Done is closed (Session.Done)")
 	}
 	lockQ(t, w, b, "m-b, queue 1 after its holder m-a left", 1)
 	rA := awaitLock(t, w, waitingA, "m-a's waiting Lock after m-a left")
@@ -601,6 +715,88 @@ func (s *coordSuite) wake(t *testing.T, w *watchdog) {
 	// a holds queue 0 again; a third member waits for a to leave.
 	m := joinC(t, w, c, gOrders, "m-c")
 	wakes("m-c waiting for m-a's Leave", goLock(t, w, w.ctx, m, 0), func() { must(t, a.Leave(w.ctx), "Leave of m-a") })
+	s.signalled(t, w, c)
+}
+
+// Wake's measure of signalled waiting. A poller with interval P returns
+// up to P after the Release; a woken Lock in about the time of a Release
+// and an unwaited Lock (a round trip each, plus the wake-up). Single
+// timings on a loaded machine say little, so the suite compares medians
+// over wakeRounds rounds, each timing a waited Lock (W: from just before
+// the Release to the waiter's return) beside the same work unwaited (R: a
+// Release, then another session's Lock of the freed queue), and fails
+// only if median(W) > wakeFactor·median(R) + wakeSlack in each of
+// wakeAttempts attempts. Load slows R as it slows W, and one slow attempt
+// is tried again, so a signalled implementation does not fail on a busy
+// machine; a poller fails every attempt alike: the waiter's Lock starts
+// (its first try fails, then it sleeps) 5 to 19 ms before the Release, so
+// a poller started with it wakes P-19 to P-5 ms after the Release: a
+// median above wakeSlack for any interval from about 45 ms up. A poller of
+// a shorter interval is indistinguishable from a slow wake-up here (and
+// costs little); a backend whose round trips are slow gets the proportion.
+const (
+	wakeRounds   = 8
+	wakeAttempts = 3
+	wakeFactor   = 3
+	wakeSlack    = 25 * time.Millisecond
+)
+
+func (s *coordSuite) signalled(t *testing.T, w *watchdog, c ferry.Coordinator) {
+	t.Helper()
+	const q = 9
+	a := joinC(t, w, c, gPayments, "m-a")
+	b := joinC(t, w, c, gPayments, "m-b")
+	var mw, mr time.Duration
+	for attempt := range wakeAttempts {
+		ws, rs := make([]time.Duration, wakeRounds), make([]time.Duration, wakeRounds)
+		for i := range wakeRounds {
+			l := lockQ(t, w, a, "m-a", q)
+			start := time.Now()
+			release(t, w, l, "m-a's lease")
+			l = lockQ(t, w, b, "m-b, unwaited", q)
+			rs[i] = time.Since(start)
+			release(t, w, l, "m-b's lease")
+
+			l = lockQ(t, w, a, "m-a", q)
+			ch := goLock(t, w, w.ctx, b, q)
+			pause := time.NewTimer(5*time.Millisecond + time.Duration(i)*2*time.Millisecond) // the waiter starts waiting meanwhile
+			select {
+			case r := <-ch:
+				pause.Stop()
+				tok := uint64(0)
+				if r.l != nil {
+					tok = r.l.Token()
+				}
+				t.Fatalf("m-b locking queue %d held by m-a: Lock returned (token %d, error %v): two holders", q, tok, r.err)
+			case <-pause.C:
+			}
+			start = time.Now()
+			release(t, w, l, "m-a's lease")
+			r := awaitLock(t, w, ch, "m-b locking queue 9 after m-a released it")
+			must(t, r.err, "Lock of queue 9 by m-b after m-a released it")
+			ws[i] = r.at.Sub(start)
+			release(t, w, r.l, "m-b's lease")
+		}
+		mw, mr = median(ws), median(rs)
+		if mw <= wakeFactor*mr+wakeSlack {
+			t.Logf("Wake: median wake-up %v after the Release, median unwaited Release and Lock %v (attempt %d)", mw, mr, attempt+1)
+			return
+		}
+		t.Logf("Wake attempt %d: median wake-up %v after the Release, median unwaited Release and Lock %v: slow (waking: %v; unwaited: %v)", attempt+1, mw, mr, ws, rs)
+		w.progress()
+	}
+	t.Fatalf("a waiting Lock returned a median %v after the Release it waited for, %d times in a row, while an unwaited Release and Lock took %v: not woken (polling?); want at most %d× that plus %v",
+		mw, wakeAttempts, mr, wakeFactor, wakeSlack)
+}
+
+// median returns the median of ds, which it sorts.
+func median(ds []time.Duration) time.Duration {
+	slices.Sort(ds)
+	n := len(ds)
+	if n%2 == 1 {
+		return ds[n/2]
+	}
+	return (ds[n/2-1] + ds[n/2]) / 2
 }
 
 func (s *coordSuite) close(t *testing.T, w *watchdog) {
@@ -614,8 +810,14 @@ func (s *coordSuite) close(t *testing.T, w *watchdog) {
 	stillBlocked(t, waiting, "m-b locking queue 0 held by m-a")
 
 	must(t, c.Close(), "Close")
+	of := [][]int{{0, 1}, {2}, {3}} // the leases of a, b and p
 	for i, sess := range []ferry.Session{a, b, p} {
 		awaitClosed(t, w, sess.Done(), fmt.Sprintf("Done of session %d after Close", i))
+		for _, j := range of[i] {
+			if !isClosed(leases[j].Lost()) {
+				t.Fatalf("Done of session %d was closed before Lost of its lease %d (token %d): every lease of the session is lost by the time Done is closed (Session.Done)", i, j, leases[j].Token())
+			}
+		}
 	}
 	for i, l := range leases {
 		awaitClosed(t, w, l.Lost(), fmt.Sprintf("Lost of lease %d (token %d) after Close", i, l.Token()))
@@ -678,6 +880,11 @@ func (s *coordSuite) expiry(t *testing.T, w *watchdog) {
 		}
 	}
 	awaitClosed(t, w, a.Done(), "Done of the expired session")
+	for i, l := range la {
+		if !isClosed(l.Lost()) {
+			t.Fatalf("Done of the expired session was closed before Lost of its lease %d: every lease of the session is lost by the time Done is closed (Session.Done)", i)
+		}
+	}
 	rA := awaitLock(t, w, waitingA, "m-a's waiting Lock after m-a expired")
 	wantErr(t, rA.err, ferry.ErrSessionExpired, "a Lock waiting in a session that expired")
 	_, err := a.Lock(w.ctx, 3)

@@ -63,13 +63,16 @@ func NewFakeCoordinator() *FakeCoordinator {
 
 // Join implements [ferry.Coordinator].
 func (c *FakeCoordinator) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, fmt.Errorf("ferrytest: join %s: %w", g, err)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, fmt.Errorf("ferrytest: join %s: %w", g, ferry.ErrClosed)
+		return nil, &ferry.Error{Op: fmt.Sprintf("ferrytest: join %s", g), Err: ferry.ErrClosed}
 	}
 	if err := c.failJoins[fakeMemberKey{g, member}]; err != nil {
-		return nil, fmt.Errorf("ferrytest: join %s as %q: %w", g, member, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("ferrytest: join %s as %q", g, member), Err: err}
 	}
 	in, err := c.inner.Join(ctx, g, member)
 	if err != nil {
@@ -85,6 +88,9 @@ func (c *FakeCoordinator) Join(ctx context.Context, g ferry.GroupKey, member str
 
 // Members implements [ferry.Coordinator].
 func (c *FakeCoordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, fmt.Errorf("ferrytest: members of %s: %w", g, err)
+	}
 	return c.inner.Members(ctx, g)
 }
 
@@ -211,6 +217,9 @@ func (s *fakeSession) Members() []string        { return s.inner.Members() }
 func (s *fakeSession) Done() <-chan struct{}    { return s.inner.Done() }
 
 func (s *fakeSession) Lock(ctx context.Context, queue int) (ferry.Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, fmt.Errorf("ferrytest: lock %s queue %d: %w", s.g, queue, err)
+	}
 	in, err := s.inner.Lock(ctx, queue)
 	if err != nil {
 		return nil, err
@@ -220,7 +229,7 @@ func (s *fakeSession) Lock(ctx context.Context, queue int) (ferry.Lease, error) 
 	if s.ended {
 		// Expired or closed while the lock was taken: it is freed.
 		_ = in.Release(context.Background())
-		return nil, fmt.Errorf("ferrytest: lock %s queue %d: %w", s.g, queue, ferry.ErrSessionExpired)
+		return nil, &ferry.Error{Op: fmt.Sprintf("ferrytest: lock %s queue %d", s.g, queue), Err: ferry.ErrSessionExpired}
 	}
 	l := &fakeLease{s: s, q: queue, inner: in, lost: make(chan struct{})}
 	s.leases[queue] = l
@@ -229,9 +238,12 @@ func (s *fakeSession) Lock(ctx context.Context, queue int) (ferry.Lease, error) 
 }
 
 func (s *fakeSession) Leave(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return fmt.Errorf("ferrytest: leave %s: %w", s.g, err)
+	}
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
-	s.endLocked(false)
+	s.endLocked(true) // a lease not released is lost when its session ends
 	return s.inner.Leave(ctx)
 }
 
@@ -268,6 +280,9 @@ func (l *fakeLease) Token() uint64         { return l.inner.Token() }
 func (l *fakeLease) Lost() <-chan struct{} { return l.lost }
 
 func (l *fakeLease) Release(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return fmt.Errorf("ferrytest: release %s queue %d: %w", l.s.g, l.q, err)
+	}
 	l.s.c.mu.Lock()
 	defer l.s.c.mu.Unlock()
 	if l.gone {

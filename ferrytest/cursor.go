@@ -46,6 +46,9 @@ type CursorStoreOpener func(t *testing.T, dir string) ferry.CursorStore
 //   - Close: Close twice returns nil; afterwards Load and Commit return
 //     [ferry.ErrClosed] (and Cursors, Forget and CommitFenced, for a
 //     store with them).
+//   - NilContext: Load and Commit (and CommitFenced, Cursors and Forget,
+//     for a store with them) with a nil context are
+//     [ferry.ErrInvalidOption], never a panic, and change nothing.
 //
 // For a store that implements [ferry.CursorGroups] (skipped otherwise):
 //
@@ -79,6 +82,7 @@ func TestCursorStore(t *testing.T, f Features, open CursorStoreOpener) {
 	run(t, f, "Concurrent", cs.concurrent)
 	run(t, f, "Reopen", cs.reopen)
 	run(t, f, "Close", cs.close)
+	run(t, f, "NilContext", cs.nilContext)
 	run(t, f, "Groups", cs.groups)
 	run(t, f, "Forget", cs.forget)
 	run(t, f, "Fenced", cs.fenced)

@@ -9,9 +9,11 @@
 // [ferry.Storage], [ferry.CursorStore], [ferry.Allocator] or
 // [ferry.Coordinator] keeps the contract its doc states (TestCursorStore
 // checks the optional [ferry.CursorGroups] and [ferry.FencedCursorStore]
-// too, when the store has them). Each takes a factory and builds a fresh instance for every
-// subtest, so subtests never see each other's state, and runs every subtest
-// under a watchdog: a subtest that makes no progress within
+// too, when the store has them), a nil context included: every method
+// taking one must refuse it with [ferry.ErrInvalidOption], never panic.
+// Each takes a factory and builds a fresh instance for every subtest, so
+// subtests never see each other's state, and runs every subtest under a
+// watchdog: a subtest that makes no progress within
 // [Features].Timeout fails with the stacks of every goroutine, its context
 // is cancelled and its instance closed; if it still does not return, the
 // test binary panics with the stacks instead of hanging. [Features] says
@@ -31,8 +33,11 @@
 // a factory returns deliver exactly once in a stable group, resume from
 // committed cursors, keep per-key order, broadcast, poll and commit, and
 // lose nothing while members churn, including a model-based churn test
-// that reopens the backend between rounds when it can. The root package
-// runs it on memory; filestore and natsstore run it in their own tests;
+// that reopens the backend between rounds when it can, and, with
+// [Backend].Expire, stop at once when a lease is lost, the next owner
+// resuming from the last fenced commit. The root package runs it on
+// memory, this package on memory with a [FakeCoordinator]; filestore and
+// natsstore run it in their own tests;
 // [ConsumerFeatures] scales it down for a slow backend. Its helpers
 // ([Produce], [Tally], [StartConsumer], [Owners]) serve other consumer
 // tests too.

@@ -205,6 +205,9 @@ func (q *FakeQueue) ID() ferry.QueueID { return q.mem.ID() }
 
 // Write implements [ferry.WritableQueue], applying the injected faults.
 func (q *FakeQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, fmt.Errorf("ferrytest: write %s: %w", q.ID(), err)
+	}
 	return q.write(ctx, msgs, func() (int64, error) { return q.mem.Write(ctx, msgs) })
 }
 
@@ -235,12 +238,12 @@ func (q *FakeQueue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, do
 func (q *FakeQueue) inject(ctx context.Context, msgs []*ferry.EnhancedMessage) error {
 	n, err := q.own.write(ctx, msgs)
 	if err != nil {
-		return fmt.Errorf("ferrytest: write %s (call %d): %w", q.ID(), n, err)
+		return &ferry.Error{Op: fmt.Sprintf("ferrytest: write %s (call %d)", q.ID(), n), Err: err}
 	}
 	if q.shared != nil {
 		n, err = q.shared.write(ctx, msgs)
 		if err != nil {
-			return fmt.Errorf("ferrytest: write %s (storage call %d): %w", q.ID(), n, err)
+			return &ferry.Error{Op: fmt.Sprintf("ferrytest: write %s (storage call %d)", q.ID(), n), Err: err}
 		}
 	}
 	return nil
@@ -248,12 +251,15 @@ func (q *FakeQueue) inject(ctx context.Context, msgs []*ferry.EnhancedMessage) e
 
 // Read implements [ferry.ReadableQueue], calling the read hook first.
 func (q *FakeQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, fmt.Errorf("ferrytest: read %s: %w", q.ID(), err)
+	}
 	for _, f := range []*faults{&q.own, q.shared} {
 		if f == nil {
 			continue
 		}
 		if n, err := f.read(ctx, offset); err != nil {
-			return 0, fmt.Errorf("ferrytest: read %s at %d (call %d): %w", q.ID(), offset, n, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("ferrytest: read %s at %d (call %d)", q.ID(), offset, n), Err: err}
 		}
 	}
 	return q.mem.Read(ctx, offset, dst)

@@ -45,3 +45,17 @@ func TestFakeCoordinatorConformance(t *testing.T) {
 		Peer: func(t *testing.T, c ferry.Coordinator) ferry.Coordinator { return c },
 	}, func(t *testing.T) ferry.Coordinator { return ferrytest.NewFakeCoordinator() })
 }
+
+// TestFakeCoordinatorConsumers runs the consumer suite over memory
+// storage and cursors with a FakeCoordinator, whose Expire lets the
+// suite lose a lease (LeaseLoss), scaled down: the memory backend runs
+// the rest in full (package ferry's TestConsumers).
+func TestFakeCoordinatorConsumers(t *testing.T) {
+	ferrytest.TestConsumers(t, ferrytest.ConsumerFeatures{Scale: 0.25}, func(t *testing.T) ferrytest.Backend {
+		coord := ferrytest.NewFakeCoordinator()
+		return ferrytest.Backend{
+			Storage: ferry.NewMemoryStorage(), Cursors: ferry.NewMemoryCursorStore(), Coordinator: coord,
+			Expire: func(g ferry.GroupKey, member string) { coord.Expire(g, member) },
+		}
+	})
+}

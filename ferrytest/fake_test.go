@@ -324,3 +324,14 @@ func TestNewFakeBrokerConsumerReadFault(t *testing.T) {
 	require.ErrorIs(t, <-reported, errDisk, "the consumer reports the failed read")
 	assert.ElementsMatch(t, []string{"a", "b", "c"}, []string{<-got, <-got, <-got})
 }
+
+// FakeClock.WaitForTimers, the one method of a fake outside the
+// conformance suites that takes a context, refuses a nil one.
+func TestFakeClockWaitForTimersNilContext(t *testing.T) {
+	clock := ferrytest.NewFakeClock(time.Now())
+	var err error
+	require.NotPanics(t, func() {
+		err = clock.WaitForTimers(nil, 1) //lint:ignore SA1012 a nil context is the input under test
+	})
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+}

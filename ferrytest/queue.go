@@ -63,6 +63,26 @@ type QueueFactory func(t *testing.T, meta ferry.TopicMeta, queue int) ferry.Queu
 //     ID still answers.
 //   - CloseWakesReader: a Read blocked on an empty queue returns
 //     [ferry.ErrClosed] when the queue is closed.
+//   - NilContext: Write and Read (of a stored message, and at the next
+//     offset) with a nil context are [ferry.ErrInvalidOption], never a
+//     panic, and change nothing (and OffsetsContext, for a queue with
+//     it).
+//
+// For a queue that implements [ferry.OffsetsContexter] (skipped
+// otherwise):
+//
+//   - OffsetsContext: it agrees with Offsets; a cancelled ctx is its
+//     error; after Close it is [ferry.ErrClosed].
+//
+// For a queue that implements [ferry.AsyncWriter] (skipped otherwise):
+//
+//   - WriteAsync: writes begun one after another are stored in that
+//     order and reported once each, in that order, with their first
+//     offset and the messages stamped; a batch with a nil message
+//     ([ferry.ErrInvalidMessage]) and a nil ctx
+//     ([ferry.ErrInvalidOption]) are refused through done, in order with
+//     the others; Close with writes in flight reports each before it
+//     returns; afterwards WriteAsync reports [ferry.ErrClosed].
 func TestQueue(t *testing.T, f Features, newQueue QueueFactory) {
 	t.Helper()
 	qs := &queueSuite{f: f, newQueue: newQueue}
@@ -83,6 +103,9 @@ func TestQueue(t *testing.T, f Features, newQueue QueueFactory) {
 	run(t, f, "ConcurrentRetention", qs.concurrentRetention)
 	run(t, f, "Close", qs.close)
 	run(t, f, "CloseWakesReader", qs.closeWakesReader)
+	run(t, f, "NilContext", qs.nilContext)
+	run(t, f, "OffsetsContext", qs.offsetsContext)
+	run(t, f, "WriteAsync", qs.writeAsync)
 }
 
 type queueSuite struct {
@@ -837,4 +860,25 @@ func (s *queueSuite) closeWakesReader(t *testing.T, w *watchdog) {
 	for i, ch := range chs {
 		wantErr(t, (<-ch).err, ferry.ErrClosed, fmt.Sprintf("Read %d blocked when the queue is closed", i))
 	}
+}
+
+func (s *queueSuite) offsetsContext(t *testing.T, w *watchdog) {
+	q := s.open(t, w, ferry.Retention{})
+	oc, ok := q.(ferry.OffsetsContexter)
+	if !ok {
+		t.Skip("the queue does not implement ferry.OffsetsContexter")
+	}
+	write(t, w, q, newMessages(0, 3))
+	oldest, next, err := oc.OffsetsContext(w.ctx)
+	must(t, err, "OffsetsContext")
+	if o, n := q.Offsets(); oldest != o || next != n || next != 3 {
+		t.Fatalf("OffsetsContext() = %d, %d; Offsets() = %d, %d; want next 3", oldest, next, o, n)
+	}
+	ctx, cancel := context.WithCancel(w.ctx)
+	cancel()
+	_, _, err = oc.OffsetsContext(ctx)
+	wantErr(t, err, context.Canceled, "OffsetsContext with a cancelled ctx")
+	must(t, q.Close(), "Close")
+	_, _, err = oc.OffsetsContext(w.ctx)
+	wantErr(t, err, ferry.ErrClosed, "OffsetsContext after Close")
 }

@@ -43,6 +43,10 @@ type StorageOpener func(t *testing.T, dir string) ferry.Storage
 //   - Concurrent: concurrent SaveTopic and OpenQueue calls all take effect.
 //   - Close: Close twice returns nil; afterwards SaveTopic, Topics and
 //     OpenQueue return [ferry.ErrClosed].
+//   - NilContext: SaveTopic, Topics and OpenQueue (and CreateTopic, Topic
+//     and DeleteTopic, for a storage with [ferry.SharedStorage] or
+//     [ferry.TopicDeleter]) with a nil context are
+//     [ferry.ErrInvalidOption], never a panic, and change nothing.
 //
 // Run [TestQueue] over queues the storage opens to check the queues
 // themselves.
@@ -58,6 +62,7 @@ func TestStorage(t *testing.T, f Features, open StorageOpener) {
 	run(t, f, "Reopen", ss.reopen)
 	run(t, f, "Concurrent", ss.concurrent)
 	run(t, f, "Close", ss.close)
+	run(t, f, "NilContext", ss.nilContext)
 }
 
 type storageSuite struct {

@@ -101,19 +101,22 @@ func (s *FakeStorage) record(c WriteCall) {
 
 // OpenQueue implements [ferry.Storage].
 func (s *FakeStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
-	if err := meta.Validate(); err != nil {
+	if err := checkContext(ctx); err != nil {
 		return nil, fmt.Errorf("ferrytest: open queue: %w", err)
+	}
+	if err := meta.Validate(); err != nil {
+		return nil, &ferry.Error{Op: "ferrytest: open queue", Err: err}
 	}
 	if queue < 0 || queue >= meta.Queues {
-		return nil, fmt.Errorf("ferrytest: open queue: %w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)
+		return nil, &ferry.Error{Op: "ferrytest: open queue", Err: fmt.Errorf("%w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("ferrytest: open queue: %w", err)
+		return nil, &ferry.Error{Op: "ferrytest: open queue", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("ferrytest: open queue: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "ferrytest: open queue", Err: ferry.ErrClosed}
 	}
 	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
 	if q, ok := s.queues[id]; ok && !q.isClosed.Load() {
@@ -127,10 +130,13 @@ func (s *FakeStorage) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue
 
 // Topics implements [ferry.Storage].
 func (s *FakeStorage) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, fmt.Errorf("ferrytest: topics: %w", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, fmt.Errorf("ferrytest: topics: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "ferrytest: topics", Err: ferry.ErrClosed}
 	}
 	out := make([]ferry.TopicMeta, 0, len(s.topics))
 	for _, m := range s.topics {
@@ -142,13 +148,16 @@ func (s *FakeStorage) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 
 // SaveTopic implements [ferry.Storage].
 func (s *FakeStorage) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
-	if err := meta.Validate(); err != nil {
+	if err := checkContext(ctx); err != nil {
 		return fmt.Errorf("ferrytest: save topic: %w", err)
+	}
+	if err := meta.Validate(); err != nil {
+		return &ferry.Error{Op: "ferrytest: save topic", Err: err}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("ferrytest: save topic: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "ferrytest: save topic", Err: ferry.ErrClosed}
 	}
 	s.topics[meta.Name] = meta.Normalized()
 	return nil

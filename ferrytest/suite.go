@@ -192,10 +192,10 @@ func sameMessage(got, want *ferry.EnhancedMessage) string {
 		return fmt.Sprintf("ID %s, want %s", got.ID, want.ID)
 	case got.BornUnixNano != want.BornUnixNano:
 		return fmt.Sprintf("BornTime %v, want %v", got.BornTime(), want.BornTime())
-	case got.BornAddress() != want.BornAddress():
-		return fmt.Sprintf("BornAddress %q, want %q", got.BornAddress(), want.BornAddress())
-	case got.Producer() != want.Producer():
-		return fmt.Sprintf("Producer %q, want %q", got.Producer(), want.Producer())
+	case got.BornHost() != want.BornHost():
+		return fmt.Sprintf("BornHost %q, want %q", got.BornHost(), want.BornHost())
+	case got.ProducerName() != want.ProducerName():
+		return fmt.Sprintf("ProducerName %q, want %q", got.ProducerName(), want.ProducerName())
 	case got.Queue != want.Queue:
 		return fmt.Sprintf("Queue %d, want %d", got.Queue, want.Queue)
 	case got.Offset != want.Offset:

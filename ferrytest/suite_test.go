@@ -64,7 +64,7 @@ var brokenCases = map[string]brokenCase{
 	},
 	"wrong-sentinel": {
 		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("wrong-sentinel")) },
-		want: `want one matching ferry: offset out of range (errors.Is)`,
+		want: `want one matching offset out of range (errors.Is)`,
 	},
 	"close-twice-fails": {
 		run: func(t *testing.T) {
@@ -156,7 +156,11 @@ var brokenCases = map[string]brokenCase{
 				return unfencedCursorStore{ferry.NewMemoryCursorStore()}
 			})
 		},
-		want: "with stale token 4: got no error, want ferry: fenced",
+		want: "with stale token 4: got no error, want fenced",
+	},
+	"nil-ctx-panics": {
+		run:  func(t *testing.T) { ferrytest.TestQueue(t, ferrytest.Features{}, brokenQueueFactory("nil-ctx-panics")) },
+		want: "Write with a nil context panicked",
 	},
 	"allocator-two-owners": {
 		run: func(t *testing.T) {
@@ -248,6 +252,9 @@ func brokenQueueFactory(mode string) ferrytest.QueueFactory {
 }
 
 func (q *brokenQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if q.mode == "nil-ctx-panics" {
+		_ = ctx.Err() // a nil ctx panics here
+	}
 	if q.mode == "write-not-atomic" {
 		if i := slices.Index(msgs, nil); i > 0 {
 			_, _ = q.MemoryQueue.Write(ctx, msgs[:i])
@@ -324,7 +331,7 @@ func cursorKey(topic, group string, queue int) string {
 }
 
 func (s *persistentCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, err
 	}
 	if s.closed.Load() {
@@ -344,7 +351,7 @@ func (s *persistentCursorStore) Load(ctx context.Context, topic, group string, q
 }
 
 func (s *persistentCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return err
 	}
 	if offset < 0 {
@@ -371,14 +378,14 @@ type truncatedCursorStore struct{ *persistentCursorStore }
 func cut8(s string) string { return s[:min(len(s), 8)] }
 
 func (s truncatedCursorStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
 		return nil, err
 	}
 	return s.persistentCursorStore.Load(ctx, cut8(topic), cut8(group), queues)
 }
 
 func (s truncatedCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return err
 	}
 	return s.persistentCursorStore.Commit(ctx, cut8(topic), cut8(group), queue, offset)
@@ -400,7 +407,7 @@ func (s byteQueueCursorStore) Load(ctx context.Context, topic, group string, que
 }
 
 func (s byteQueueCursorStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
 		return err
 	}
 	return s.persistentCursorStore.Commit(ctx, topic, group, int(byte(queue)), offset)

@@ -84,7 +84,7 @@ func (q *queue) activeBuf(s *segment, at, n int64) (buf []byte, mapped bool, err
 func (q *queue) writeActive(s *segment, buf []byte, at int64, mapped bool) error {
 	if mapped {
 		if &buf[0] != &s.mm[at] { // the frames outgrew the buffer: a bug
-			return fmt.Errorf("filestore: frames of %d bytes outgrew their space in %s", len(buf), s.name)
+			return fmt.Errorf("frames of %d bytes outgrew their space in %s", len(buf), s.name)
 		}
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 	"github.com/ferrymq/ferry/filestore"
 )
 
@@ -143,7 +144,7 @@ func BenchmarkRecovery(b *testing.B) {
 		if _, err := q.Write(context.Background(), batch); err != nil {
 			b.Fatal(err)
 		}
-		written += int64(len(batch)) * int64(ferry.EncodedSize(batch[0]))
+		written += int64(len(batch)) * int64(codec.Size(batch[0]))
 	}
 	_, next := q.Offsets()
 	if err := st.Close(); err != nil {

@@ -67,15 +67,19 @@ func TestCursorsListsGroupsCommittedBeyondQueues(t *testing.T) {
 
 // TestConsumers runs the consumer suite of package ferrytest over the
 // file store (messages and cursors), reopening its directory between the
-// rounds of the model-based churn test.
+// rounds of the model-based churn test. A FakeCoordinator, new with each
+// opening (its tokens start again, as the store's do), lets the suite
+// lose a lease (LeaseLoss) to check the store's fencing end to end.
 func TestConsumers(t *testing.T) {
 	var open func(t *testing.T, dir string) ferrytest.Backend
 	open = func(t *testing.T, dir string) ferrytest.Backend {
 		st, err := filestore.Open(dir, filestore.WithSync(filestore.SyncNever), filestore.WithSegmentBytes(64<<10))
 		require.NoError(t, err)
+		coord := ferrytest.NewFakeCoordinator()
 		return ferrytest.Backend{
-			Storage: st, Cursors: st,
+			Storage: st, Cursors: st, Coordinator: coord,
 			Reopen: func(t *testing.T) ferrytest.Backend { return open(t, dir) },
+			Expire: func(g ferry.GroupKey, member string) { coord.Expire(g, member) },
 		}
 	}
 	ferrytest.TestConsumers(t, ferrytest.ConsumerFeatures{}, func(t *testing.T) ferrytest.Backend {

@@ -167,7 +167,7 @@ func decodeCursorFile(b []byte, id [16]byte, legacy bool, m map[cursorKey]int64)
 		}
 		queue, off := int(binary.LittleEndian.Uint32(b)), int64(binary.LittleEndian.Uint64(b[4:]))
 		b = b[12:]
-		if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil || off < 0 {
+		if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil || off < 0 {
 			return v1, fmt.Errorf("%w: cursor file: entry %d (%q, %q, %d, %d)", ferry.ErrCorrupt, i, topic, group, queue, off)
 		}
 		m[cursorKey{topic, group, queue}] = off
@@ -255,16 +255,16 @@ func (c *cursorStore) flush(durable bool) {
 }
 
 func (c *cursorStore) load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
-		return nil, ferry.Errorf("ferry: load cursor: %w", err)
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, ferry.Errorf("ferry: load cursor: %w", err)
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, ferry.Errorf("ferry: load cursor: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: ferry.ErrClosed}
 	}
 	out := make([]int64, queues)
 	for i := range out {
@@ -278,30 +278,30 @@ func (c *cursorStore) load(ctx context.Context, topic, group string, queues int)
 }
 
 func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
-		return ferry.Errorf("ferry: commit cursor: %w", err)
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
 	if offset < 0 {
-		return ferry.Errorf("ferry: commit cursor: %w: offset %d", ferry.ErrOffsetOutOfRange, offset)
+		return &ferry.Error{Op: "filestore: commit cursor", Err: fmt.Errorf("%w: offset %d", ferry.ErrOffsetOutOfRange, offset)}
 	}
 	if err := ctx.Err(); err != nil {
-		return ferry.Errorf("ferry: commit cursor: %w", err)
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return ferry.Errorf("ferry: commit cursor: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "filestore: commit cursor", Err: ferry.ErrClosed}
 	}
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		return ferry.Errorf("ferry: commit cursor: %w", err)
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 	}
 	k := cursorKey{topic, group, queue}
 	if fenced {
 		if last := c.tokens[k]; token < last {
 			c.mu.Unlock()
-			return ferry.Errorf("ferry: commit cursor %s/%s[%d]: %w: token %d, last %d", topic, group, queue, ferry.ErrFenced, token, last)
+			return &ferry.Error{Op: fmt.Sprintf("filestore: commit cursor %s/%s[%d]", topic, group, queue), Err: fmt.Errorf("%w: token %d, last %d", ferry.ErrFenced, token, last)}
 		}
 		c.tokens[k] = token
 	}
@@ -317,14 +317,14 @@ func (c *cursorStore) commit(ctx context.Context, topic, group string, queue int
 		select {
 		case <-flushed:
 		case <-ctx.Done():
-			return ferry.Errorf("ferry: commit cursor: %w", ctx.Err())
+			return &ferry.Error{Op: "filestore: commit cursor", Err: ctx.Err()}
 		}
 		c.mu.Lock()
 		written, err := c.written, c.err
 		flushed = c.flushed
 		c.mu.Unlock()
 		if err != nil {
-			return ferry.Errorf("ferry: commit cursor: %w", err)
+			return &ferry.Error{Op: "filestore: commit cursor", Err: err}
 		}
 		if written >= mine {
 			return nil
@@ -351,6 +351,9 @@ func (c *cursorStore) close() error {
 // Load implements [ferry.CursorStore]. Cursors Open clamped come back
 // clamped (see [Store.Recovery]).
 func (st *Store) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
+	}
 	return st.cursors.load(ctx, topic, group, queues)
 }
 
@@ -358,6 +361,9 @@ func (st *Store) Load(ctx context.Context, topic, group string, queues int) ([]i
 // the cursor file holding it is durable; concurrent commits share one
 // write. Otherwise it returns at once and the file follows the policy.
 func (st *Store) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
+	}
 	return st.cursors.commit(ctx, topic, group, queue, offset, 0, false)
 }
 
@@ -367,21 +373,24 @@ func (st *Store) Commit(ctx context.Context, topic, group string, queue int, off
 // that starts again starts its tokens again, so tokens kept across a
 // restart would fence every commit after it.
 func (st *Store) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
+	}
 	return st.cursors.commit(ctx, topic, group, queue, offset, token, true)
 }
 
 // cursors lists every group's cursor on topic.
 func (c *cursorStore) cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
-	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
-		return ferry.Cursors{}, ferry.Errorf("ferry: list cursors: %w", err)
+	if err := ferry.ValidateTopicCursorsArgs(topic, queues); err != nil {
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return ferry.Cursors{}, ferry.Errorf("ferry: list cursors: %w", err)
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return ferry.Cursors{}, ferry.Errorf("ferry: list cursors: %w", ferry.ErrClosed)
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: ferry.ErrClosed}
 	}
 	out := ferry.Cursors{Topic: topic, Groups: map[string]ferry.Cursor{}}
 	for k, off := range c.m {
@@ -405,21 +414,21 @@ func (c *cursorStore) cursors(ctx context.Context, topic string, queues int) (fe
 
 // forget deletes group's cursors on topic, durably as commit does.
 func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
-	if err := ferry.ValidateCursorArgs(topic, group, 0); err != nil {
-		return ferry.Errorf("ferry: forget cursor: %w", err)
+	if err := ferry.ValidateGroupCursorArgs(topic, group, 0); err != nil {
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return ferry.Errorf("ferry: forget cursor: %w", err)
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return ferry.Errorf("ferry: forget cursor: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "filestore: forget cursor", Err: ferry.ErrClosed}
 	}
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		return ferry.Errorf("ferry: forget cursor: %w", err)
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
 	}
 	n := len(c.m)
 	for k := range c.m {
@@ -442,14 +451,14 @@ func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
 		select {
 		case <-flushed:
 		case <-ctx.Done():
-			return ferry.Errorf("ferry: forget cursor: %w", ctx.Err())
+			return &ferry.Error{Op: "filestore: forget cursor", Err: ctx.Err()}
 		}
 		c.mu.Lock()
 		written, err := c.written, c.err
 		flushed = c.flushed
 		c.mu.Unlock()
 		if err != nil {
-			return ferry.Errorf("ferry: forget cursor: %w", err)
+			return &ferry.Error{Op: "filestore: forget cursor", Err: err}
 		}
 		if written >= mine {
 			return nil
@@ -459,12 +468,18 @@ func (c *cursorStore) forget(ctx context.Context, topic, group string) error {
 
 // Cursors implements [ferry.CursorGroups].
 func (st *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
+	if err := checkContext(ctx); err != nil {
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
+	}
 	return st.cursors.cursors(ctx, topic, queues)
 }
 
 // Forget implements [ferry.CursorGroups]. It returns once the cursor file
 // without group's cursors is written, whatever the sync policy.
 func (st *Store) Forget(ctx context.Context, topic, group string) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
+	}
 	return st.cursors.forget(ctx, topic, group)
 }
 

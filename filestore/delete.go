@@ -3,6 +3,7 @@ package filestore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"path"
 	"strconv"
@@ -24,16 +25,19 @@ const deletedPrefix = "~deleted-"
 // crash left of a deletion. Deleting a topic the store does not hold does
 // nothing. Cursors stay (see [Store.Forget]).
 func (st *Store) DeleteTopic(ctx context.Context, name string) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: delete topic", Err: err}
+	}
 	if err := ferry.ValidateTopicName(name); err != nil {
-		return ferry.Errorf("ferry: delete topic: %w", err)
+		return &ferry.Error{Op: "filestore: delete topic", Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return ferry.Errorf("ferry: delete topic: %w", err)
+		return &ferry.Error{Op: "filestore: delete topic", Err: err}
 	}
 	st.mu.Lock()
 	if st.closed {
 		st.mu.Unlock()
-		return ferry.Errorf("ferry: delete topic: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "filestore: delete topic", Err: ferry.ErrClosed}
 	}
 	var open []*queue
 	for id, q := range st.queues {
@@ -53,13 +57,13 @@ func (st *Store) DeleteTopic(ctx context.Context, name string) error {
 	}
 	trash := path.Join("topics", deletedPrefix+name+"-"+strconv.FormatInt(time.Now().UnixNano(), 10))
 	if err := st.files.rename(tdir, trash); err != nil {
-		return ferry.Errorf("ferry: delete topic %q: %w", name, err)
+		return &ferry.Error{Op: fmt.Sprintf("filestore: delete topic %q", name), Err: err}
 	}
 	if err := st.files.syncDir("topics"); err != nil {
-		return ferry.Errorf("ferry: delete topic %q: %w", name, err)
+		return &ferry.Error{Op: fmt.Sprintf("filestore: delete topic %q", name), Err: err}
 	}
 	if err := st.root.RemoveAll(trash); err != nil {
-		return ferry.Errorf("ferry: delete topic %q: %w", name, err)
+		return &ferry.Error{Op: fmt.Sprintf("filestore: delete topic %q", name), Err: err}
 	}
 	return nil
 }

@@ -24,9 +24,13 @@
 // [OpenReadOnly] opens a directory that another process (or this one)
 // holds, for inspection: it takes no lock, writes, creates and cuts
 // nothing, and follows the owner's appends, roll-overs and retention by
-// reading the files again; a torn last frame is just the end. Its writes
-// are [ErrReadOnly]. [Verify] checks every file of a directory the same
-// way. See [ReadOnlyStore].
+// reading the files again. It tells the end of a newest segment as Open
+// does (see Recovery), and tells the owner's writes in progress from
+// either: a torn tail, or space reserved and a write in progress while
+// the owner runs, is just the end; damage, which the owner's next Open
+// refuses, is [ferry.ErrCorrupt] naming the file and byte. Its writes are
+// [ErrReadOnly]. [Verify] checks every file of a directory the same way,
+// and may run while the owner writes. See [ReadOnlyStore].
 //
 // # Frames
 //
@@ -60,7 +64,9 @@
 //
 // [SyncAlways] (the default) acknowledges a Write after fdatasync; each
 // queue has one writer goroutine, so concurrent writers share one write
-// and one fdatasync (group commit). [SyncEvery] syncs on an interval,
+// and one fdatasync (group commit). One goroutine shares them too through
+// [ferry.Producer.SendAsync], which writes a queue's waiting sends as one
+// Write. [SyncEvery] syncs on an interval,
 // [SyncNever] leaves it to the operating system; under both a Write
 // appends its own frame in the calling goroutine (under the queue's write
 // lock) and returns once it is in the page cache, which a crash of the

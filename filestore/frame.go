@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 )
 
 // A frame is one batch of messages on disk, the unit of writing,
@@ -168,7 +169,7 @@ func decodeFrame(b []byte, maxFrame int, key frameKey) (frameInfo, []byte, error
 func decodeMessages(dst []*ferry.EnhancedMessage, fi frameInfo, enc []byte, from int64, queue int) ([]*ferry.EnhancedMessage, error) {
 	off := 0
 	for i := range fi.count {
-		m, n, err := ferry.Decode(enc[off:])
+		m, n, err := codec.Decode(enc[off:])
 		if err != nil {
 			return dst, fmt.Errorf("message %d of frame at offset %d: %w", i, fi.base, err)
 		}

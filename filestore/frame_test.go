@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 )
 
 // fuzzMaxFrame bounds frames in the fuzz target.
@@ -32,7 +33,7 @@ func sampleFrame(base int64, n int) []byte {
 	for i := range n {
 		m := &ferry.EnhancedMessage{Message: ferry.Message{Topic: "t", Key: "k", Headers: map[string]string{"h": "v"}, Body: []byte(fmt.Sprint("body ", i))},
 			Offset: base + int64(i), StoreUnixNano: now.UnixNano()}
-		enc = ferry.AppendEncode(enc, m)
+		enc = codec.Append(enc, m)
 		sum += int64(m.Size())
 	}
 	return appendFrame(nil, testKey.tag, base, n, now.UnixNano(), sum, enc)
@@ -236,7 +237,7 @@ func appendFrameV1(base int64, n int) []byte {
 	var sum int64
 	for i := range n {
 		m := &ferry.EnhancedMessage{Message: ferry.Message{Topic: "t", Body: []byte(fmt.Sprint("old ", i))}, Offset: base + int64(i)}
-		enc = ferry.AppendEncode(enc, m)
+		enc = codec.Append(enc, m)
 		sum += int64(m.Size())
 	}
 	b := binary.LittleEndian.AppendUint32(nil, uint32(frameHeaderV1-framePrefix+len(enc)))

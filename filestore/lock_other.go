@@ -8,5 +8,5 @@ import (
 )
 
 func lockFile(f *os.File) error {
-	return errors.New("ferry: filestore: directory locking is not supported on this platform")
+	return errors.New("directory locking is not supported on this platform")
 }

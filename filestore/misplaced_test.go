@@ -69,12 +69,12 @@ func copyFile(t *testing.T, from, to string) {
 // neverServed checks that no message of queue t[0] read from dir carries
 // another queue's body: Open fails with ErrCorrupt (when open fails), or
 // every read of the queue is its own message or ErrCorrupt.
-func neverServed(t *testing.T, dir string, opts ...filestore.Option) (openErr error, readErrs int) {
+func neverServed(t *testing.T, dir string, opts ...filestore.Option) (readErrs int, openErr error) {
 	t.Helper()
 	st, err := filestore.Open(dir, corruptOptions(opts...)...)
 	if err != nil {
 		require.ErrorIs(t, err, ferry.ErrCorrupt)
-		return err, 0
+		return 0, err
 	}
 	defer st.Close()
 	q, err := st.OpenQueue(context.Background(), misplacedMetas[0], 0)
@@ -91,7 +91,7 @@ func neverServed(t *testing.T, dir string, opts ...filestore.Option) (openErr er
 		require.Equal(t, 1, n)
 		require.Equal(t, misplacedBody("t", 0, int(off)), string(dst[0].Body), "offset %d", off)
 	}
-	return nil, readErrs
+	return readErrs, nil
 }
 
 // TestMisplacedFiles copies segments, indexes and cursor files to
@@ -111,7 +111,7 @@ func TestMisplacedFiles(t *testing.T) {
 				copyFile(t, from[len(from)-1], to[len(to)-1])
 			},
 			check: func(t *testing.T, dir string) {
-				err, _ := neverServed(t, dir)
+				_, err := neverServed(t, dir)
 				require.ErrorIs(t, err, ferry.ErrCorrupt)
 				assert.Contains(t, err.Error(), "another queue")
 			},
@@ -123,7 +123,7 @@ func TestMisplacedFiles(t *testing.T) {
 				copyFile(t, from[len(from)-1], to[len(to)-1])
 			},
 			check: func(t *testing.T, dir string) {
-				err, _ := neverServed(t, dir)
+				_, err := neverServed(t, dir)
 				require.ErrorIs(t, err, ferry.ErrCorrupt)
 			},
 		},
@@ -134,7 +134,7 @@ func TestMisplacedFiles(t *testing.T) {
 				copyFile(t, from[len(from)-1], to[len(to)-1])
 			},
 			check: func(t *testing.T, dir string) {
-				err, _ := neverServed(t, dir)
+				_, err := neverServed(t, dir)
 				require.ErrorIs(t, err, ferry.ErrCorrupt)
 			},
 		},
@@ -147,9 +147,9 @@ func TestMisplacedFiles(t *testing.T) {
 				copyFile(t, fi[1], ti[1])
 			},
 			check: func(t *testing.T, dir string) {
-				err, reads := neverServed(t, dir)
+				reads, err := neverServed(t, dir)
 				assert.True(t, err != nil || reads > 0, "detected")
-				err, _ = neverServed(t, dir, filestore.WithVerify())
+				_, err = neverServed(t, dir, filestore.WithVerify())
 				require.ErrorIs(t, err, ferry.ErrCorrupt)
 			},
 		},
@@ -160,7 +160,7 @@ func TestMisplacedFiles(t *testing.T) {
 				copyFile(t, from[0], to[0])
 			},
 			check: func(t *testing.T, dir string) {
-				err, reads := neverServed(t, dir)
+				reads, err := neverServed(t, dir)
 				assert.True(t, err != nil || reads > 0, "detected")
 			},
 		},
@@ -176,7 +176,7 @@ func TestMisplacedFiles(t *testing.T) {
 				defer st.Close()
 				assert.Len(t, st.Recovery().RebuiltIndexes, 1)
 				require.NoError(t, st.Close())
-				err, reads := neverServed(t, dir)
+				reads, err := neverServed(t, dir)
 				require.NoError(t, err)
 				assert.Zero(t, reads)
 			},
@@ -193,7 +193,7 @@ func TestMisplacedFiles(t *testing.T) {
 				defer st.Close()
 				assert.Len(t, st.Recovery().RebuiltIndexes, 1)
 				require.NoError(t, st.Close())
-				err, reads := neverServed(t, dir)
+				reads, err := neverServed(t, dir)
 				require.NoError(t, err)
 				assert.Zero(t, reads)
 			},

@@ -3,11 +3,13 @@ package filestore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 )
 
 // queue is a file-backed [ferry.Queue]: a folder of segments, a writer
@@ -171,6 +173,9 @@ func (q *queue) poke() {
 // fdatasync, and with [ferry.Block] overflow leaves when ctx ends while it
 // waits for room.
 func (q *queue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}
+	}
 	return q.write(ctx, msgs, false)
 }
 
@@ -187,25 +192,25 @@ const maxCodecGrowth = 20
 // adds to its Size, its Topic and its Origin's two strings: version, ID,
 // queue, offset, two times, five string lengths and two counts, each
 // varint at most 10 bytes. A message that fits with it needs no exact
-// EncodedSize.
+// codec.Size.
 const maxCodecFixed = 1 + 16 + 4*10 + 5*10 + 2*10
 
 func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bool) (int64, error) {
 	var size int64
 	for i, m := range msgs {
 		if m == nil {
-			return 0, ferry.Errorf("ferry: write %s: message %d: %w: nil", q.id, i, ferry.ErrInvalidMessage)
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s: message %d", q.id, i), Err: fmt.Errorf("%w: nil", ferry.ErrInvalidMessage)}
 		}
 		ms, limit := m.Size(), q.cfg.maxFrameBytes-frameHeader
-		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornAddress())+len(m.Producer())+maxCodecFixed+maxCodecGrowth > limit {
-			if n := ferry.EncodedSize(m) + maxCodecGrowth; n > limit {
-				return 0, ferry.Errorf("ferry: write %s: message %d: %w: %d bytes encoded, a frame holds %d", q.id, i, ferry.ErrMessageTooLarge, n, limit)
+		if len(m.Headers) > 0 || ms+len(m.Topic)+len(m.BornHost())+len(m.ProducerName())+maxCodecFixed+maxCodecGrowth > limit {
+			if n := codec.Size(m) + maxCodecGrowth; n > limit {
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s: message %d", q.id, i), Err: fmt.Errorf("%w: %d bytes encoded, a frame holds %d", ferry.ErrMessageTooLarge, n, limit)}
 			}
 		}
 		size += int64(ms)
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, ferry.Errorf("ferry: write %s: %w", q.id, err)
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}
 	}
 	if q.cfg.sync.mode() != syncAlways {
 		if first, err, done := q.writeDirect(msgs, size); done {
@@ -215,11 +220,11 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 	s := q.state.Load()
 	switch {
 	case s.closed:
-		return 0, ferry.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}
 	case s.failed != nil:
-		return 0, ferry.Errorf("ferry: write %s: %w", q.id, s.failed)
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: s.failed}
 	case over(int64(len(msgs)), s.ret.MaxMessages) || over(size, s.ret.MaxBytes):
-		return 0, ferry.Errorf("ferry: write %s: %w: batch of %d messages, %d bytes exceeds retention", q.id, ferry.ErrMessageTooLarge, len(msgs), size)
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ferry.ErrMessageTooLarge, len(msgs), size)}
 	case len(msgs) == 0:
 		q.mu.Lock()
 		defer q.mu.Unlock()
@@ -234,9 +239,9 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 		select {
 		case q.reqs <- r:
 		case <-q.stop:
-			return 0, ferry.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}
 		case <-ctx.Done():
-			return 0, ferry.Errorf("ferry: write %s: %w", q.id, ctx.Err())
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ctx.Err()}
 		}
 	}
 	// Close publishes closed, then the writer goroutine answers what is
@@ -245,7 +250,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 	// instead would make every waiting writer queue on that one channel.)
 	s = q.state.Load()
 	if s.closed && r.state.CompareAndSwap(reqPending, reqCanceled) {
-		return 0, ferry.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}
 	}
 	// A queued write is committed by the next group, except with Block
 	// overflow, where it may wait for room as long as ctx lets it.
@@ -259,7 +264,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, try bo
 			return res.first, res.err
 		case <-cancel:
 			if r.state.CompareAndSwap(reqPending, reqCanceled) {
-				return 0, ferry.Errorf("ferry: write %s: %w", q.id, ctx.Err())
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ctx.Err()}
 			}
 			// The writer has the batch: it is all or nothing, wait for which.
 		}
@@ -281,18 +286,18 @@ func (q *queue) writeDirect(msgs []*ferry.EnhancedMessage, size int64) (first in
 	closed, failed, ret, next := s.closed, s.failed, s.ret, q.next // q.next: every writer holds wmu
 	switch {
 	case closed:
-		return 0, ferry.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed), true
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}, true
 	case failed != nil:
-		return 0, ferry.Errorf("ferry: write %s: %w", q.id, failed), true
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: failed}, true
 	case over(int64(len(msgs)), ret.MaxMessages) || over(size, ret.MaxBytes):
-		return 0, ferry.Errorf("ferry: write %s: %w: batch of %d messages, %d bytes exceeds retention", q.id, ferry.ErrMessageTooLarge, len(msgs), size), true
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ferry.ErrMessageTooLarge, len(msgs), size)}, true
 	case len(msgs) == 0:
 		return next, nil, true
 	case ret.Overflow == ferry.Block:
 		return 0, nil, false
 	}
 	if err := q.appendMsgs(msgs, ret); err != nil {
-		return 0, ferry.Errorf("ferry: write %s: %w", q.id, err), true
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}, true
 	}
 	return msgs[0].Offset, nil, true
 }
@@ -338,7 +343,7 @@ func (q *queue) Close() error {
 	}
 	q.mu.Unlock()
 	if err := errors.Join(errs...); err != nil {
-		q.closeEr = ferry.Errorf("ferry: close %s: %w", q.id, err)
+		q.closeEr = &ferry.Error{Op: fmt.Sprintf("filestore: close %s", q.id), Err: err}
 	}
 	q.st.forget(q)
 	return q.closeEr

@@ -21,6 +21,9 @@ func (q *queue) Offsets() (oldest, next int64) {
 // Read implements [ferry.ReadableQueue]. Recent messages come from the
 // cache, shared with every reader; older ones are decoded from disk.
 func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: err}
+	}
 	if len(dst) == 0 {
 		return 0, nil
 	}
@@ -29,12 +32,12 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 	for {
 		if q.closed {
 			q.mu.Unlock()
-			return 0, ferry.Errorf("ferry: read %s: %w", q.id, ferry.ErrClosed)
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ferry.ErrClosed}
 		}
 		if offset < q.oldest || offset > q.next {
 			oldest, next := q.oldest, q.next
 			q.mu.Unlock()
-			return 0, ferry.Errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ferry.ErrOffsetOutOfRange, oldest, next)
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: fmt.Errorf("%w: retained [%d, %d)", ferry.ErrOffsetOutOfRange, oldest, next)}
 		}
 		if offset < q.next {
 			if offset >= q.cacheBase {
@@ -46,13 +49,13 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			q.mu.Unlock()
 			n, err := q.readDisk(offset, limit, dst)
 			if err != nil {
-				return 0, ferry.Errorf("ferry: read %s at %d: %w", q.id, offset, err)
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
 			}
 			return n, nil
 		}
 		if err := ctx.Err(); err != nil {
 			q.mu.Unlock()
-			return 0, ferry.Errorf("ferry: read %s: %w", q.id, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: err}
 		}
 		ch := make(chan struct{}, 1)
 		q.readers = append(q.readers, ch)
@@ -66,7 +69,7 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 				q.readers = slices.Delete(q.readers, i, i+1)
 			}
 			q.mu.Unlock()
-			return 0, ferry.Errorf("ferry: read %s: %w", q.id, ctx.Err())
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ctx.Err()}
 		}
 	}
 }

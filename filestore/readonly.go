@@ -27,10 +27,19 @@ import (
 //   - A queue from OpenQueue lists its segment files at each Offsets, and
 //     at each Read that needs to, and reads each segment's frames from
 //     where it last stopped, so it sees the owner's appends, roll-overs
-//     and retention. A bad frame at the end of the newest segment (a write
-//     in progress, space reserved and not yet written, a torn tail) is
-//     just the end, looked at again next time. Sealed segments are read
-//     through their index when it passes its checks, scanned otherwise.
+//     and retention. What follows the last intact frame of the newest
+//     segment is judged as Open judges it, telling the owner's writes in
+//     progress from either (see [Verify]): a torn tail (space reserved
+//     and not yet written, a write in progress, a crash's torn tail) is
+//     just the end, looked at again next time; damage (a bad frame with
+//     intact ones after it), which the owner's next Open refuses, is
+//     [ferry.ErrCorrupt] for a Read at or beyond it, naming the file and
+//     byte, and [SegmentInfo].Damage. Judging reads the rest of the file,
+//     so it is done when a caller needs it: at Segments, at a Read beyond
+//     the end, and at a Read at the end once the tail has not moved
+//     between two looks. Sealed segments are read through their index
+//     when it passes its checks, scanned otherwise; a bad frame in one
+//     is damage.
 //     Read blocks, polling the files every 50 ms, until a message is
 //     there, ctx is done or the store is closed.
 //   - Load and Cursors read the cursor file, which the owner replaces
@@ -82,16 +91,16 @@ var readOnlyPoll = 50 * time.Millisecond
 func OpenReadOnly(dir string, opts ...Option) (*ReadOnlyStore, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: filestore: open %s read-only: %w", dir, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open %s read-only", dir), Err: err}
 	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: filestore: open %s read-only: %w", dir, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open %s read-only", dir), Err: err}
 	}
 	st := &ReadOnlyStore{cfg: cfg, dir: dir, root: root, done: make(chan struct{}), queues: map[ferry.QueueID]*roQueue{}}
 	if st.id, st.legacy, err = readIdentity(root); err != nil {
 		_ = root.Close()
-		return nil, ferry.Errorf("ferry: filestore: open %s read-only: %w", dir, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open %s read-only", dir), Err: err}
 	}
 	return st, nil
 }
@@ -139,14 +148,14 @@ func (st *ReadOnlyStore) isClosed() bool {
 // [ferry.ErrCorrupt].
 func (st *ReadOnlyStore) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 	if err := st.check(ctx); err != nil {
-		return nil, ferry.Errorf("ferry: topics: %w", err)
+		return nil, &ferry.Error{Op: "filestore: topics", Err: err}
 	}
 	entries, err := fs.ReadDir(st.root.FS(), "topics")
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, ferry.Errorf("ferry: topics: %w", err)
+		return nil, &ferry.Error{Op: "filestore: topics", Err: err}
 	}
 	var out []ferry.TopicMeta // ReadDir sorts by name
 	for _, e := range entries {
@@ -156,7 +165,7 @@ func (st *ReadOnlyStore) Topics(ctx context.Context) ([]ferry.TopicMeta, error) 
 		}
 		meta, ok, err := readMetaFile(st.root, path.Join("topics", name), name)
 		if err != nil {
-			return nil, ferry.Errorf("ferry: topics: %w", err)
+			return nil, &ferry.Error{Op: "filestore: topics", Err: err}
 		}
 		if ok {
 			out = append(out, meta)
@@ -168,29 +177,35 @@ func (st *ReadOnlyStore) Topics(ctx context.Context) ([]ferry.TopicMeta, error) 
 // Topic implements [ferry.SharedStorage].
 func (st *ReadOnlyStore) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
 	if err := st.check(ctx); err != nil {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: topic: %w", err)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
 	}
 	if err := ferry.ValidateTopicName(name); err != nil {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: topic: %w", err)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
 	}
 	meta, ok, err := readMetaFile(st.root, path.Join("topics", name), name)
 	if err != nil {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: topic: %w", err)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
 	}
 	if !ok {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: topic: %w: %q", ferry.ErrTopicNotFound, name)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: fmt.Errorf("%w: %q", ferry.ErrTopicNotFound, name)}
 	}
 	return meta, nil
 }
 
 // SaveTopic implements [ferry.Storage]: [ErrReadOnly].
 func (st *ReadOnlyStore) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
-	return ferry.Errorf("ferry: save topic %q: %w", meta.Name, ErrReadOnly)
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: save topic", Err: err}
+	}
+	return &ferry.Error{Op: fmt.Sprintf("filestore: save topic %q", meta.Name), Err: ErrReadOnly}
 }
 
 // CreateTopic implements [ferry.SharedStorage]: [ErrReadOnly].
 func (st *ReadOnlyStore) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
-	return ferry.Errorf("ferry: create topic %q: %w", meta.Name, ErrReadOnly)
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: create topic", Err: err}
+	}
+	return &ferry.Error{Op: fmt.Sprintf("filestore: create topic %q", meta.Name), Err: ErrReadOnly}
 }
 
 // OpenQueue implements [ferry.Storage]. It returns the queue whether or
@@ -202,19 +217,22 @@ func (st *ReadOnlyStore) OpenQueue(ctx context.Context, meta ferry.TopicMeta, qu
 }
 
 func (st *ReadOnlyStore) queue(ctx context.Context, meta ferry.TopicMeta, queue int) (*roQueue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
-		return nil, ferry.Errorf("ferry: open queue: %w", err)
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
 	if queue < 0 || queue >= meta.Queues {
-		return nil, ferry.Errorf("ferry: open queue: %w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: fmt.Errorf("%w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, ferry.Errorf("ferry: open queue: %w", err)
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return nil, ferry.Errorf("ferry: open queue: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: ferry.ErrClosed}
 	}
 	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
 	if q, ok := st.queues[id]; ok {
@@ -241,9 +259,16 @@ type SegmentInfo struct {
 	// Tail is what follows the intact frames (Bytes - Frames bytes): in
 	// the newest segment, space reserved ahead of writes or a write in
 	// progress while the owner runs, or a torn tail that the owner's next
-	// Open cuts; in a sealed one, damage. TailErr says what was wrong
-	// with the first bad frame, nil when the file ends there.
+	// Open cuts, unless Damage; in a sealed one, damage. TailErr says
+	// what was wrong with the first bad frame, nil when the file ends
+	// there.
 	TailErr error
+	// Damage is set when the tail is damage, not a torn tail, judged as
+	// Open and [Verify] judge it: in the newest segment, a bad frame with
+	// intact ones after it (the owner's next Open refuses the store); in
+	// a sealed one, any bad frame. TailErr then wraps
+	// [ferry.ErrCorrupt], naming the file and byte.
+	Damage bool
 }
 
 // Segments returns the segment files of queue queue of topic, oldest
@@ -251,18 +276,21 @@ type SegmentInfo struct {
 func (st *ReadOnlyStore) Segments(ctx context.Context, topic string, queue int) ([]SegmentInfo, error) {
 	q, err := st.queue(ctx, ferry.TopicMeta{Name: topic, Queues: queue + 1}, queue)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: segments: %w", err)
+		return nil, &ferry.Error{Op: "filestore: segments", Err: err}
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if err := q.refresh(); err != nil {
-		return nil, ferry.Errorf("ferry: segments %s: %w", q.id, err)
+	if err := q.refresh(judgeNow); err != nil {
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: segments %s", q.id), Err: err}
 	}
 	out := make([]SegmentInfo, len(q.segs))
 	for i, s := range q.segs {
 		out[i] = SegmentInfo{
 			File: s.name, Base: s.base, Next: s.next, Bytes: s.fileSize, Frames: s.size, IndexBytes: s.indexSize,
-			Sealed: i < len(q.segs)-1, TailErr: s.bad,
+			Sealed: i < len(q.segs)-1, TailErr: s.bad, Damage: s.damage != nil,
+		}
+		if s.damage != nil {
+			out[i].TailErr = s.damage
 		}
 		if s.firstTime != 0 {
 			out[i].FirstTime, out[i].LastTime = time.Unix(0, s.firstTime), time.Unix(0, s.lastTime)
@@ -273,6 +301,9 @@ func (st *ReadOnlyStore) Segments(ctx context.Context, topic string, queue int) 
 
 // check returns ErrClosed after Close, or ctx's error.
 func (st *ReadOnlyStore) check(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return err
+	}
 	if st.isClosed() {
 		return ferry.ErrClosed
 	}
@@ -297,15 +328,15 @@ func (st *ReadOnlyStore) readCursors() (map[cursorKey]int64, error) {
 
 // Load implements [ferry.CursorStore], reading the cursor file.
 func (st *ReadOnlyStore) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
-		return nil, ferry.Errorf("ferry: load cursor: %w", err)
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	if err := st.check(ctx); err != nil {
-		return nil, ferry.Errorf("ferry: load cursor: %w", err)
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	m, err := st.readCursors()
 	if err != nil {
-		return nil, ferry.Errorf("ferry: load cursor: %w", err)
+		return nil, &ferry.Error{Op: "filestore: load cursor", Err: err}
 	}
 	out := make([]int64, queues)
 	for i := range out {
@@ -320,15 +351,15 @@ func (st *ReadOnlyStore) Load(ctx context.Context, topic, group string, queues i
 
 // Cursors implements [ferry.CursorGroups], reading the cursor file.
 func (st *ReadOnlyStore) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
-	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
-		return ferry.Cursors{}, ferry.Errorf("ferry: list cursors: %w", err)
+	if err := ferry.ValidateTopicCursorsArgs(topic, queues); err != nil {
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	if err := st.check(ctx); err != nil {
-		return ferry.Cursors{}, ferry.Errorf("ferry: list cursors: %w", err)
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	m, err := st.readCursors()
 	if err != nil {
-		return ferry.Cursors{}, ferry.Errorf("ferry: list cursors: %w", err)
+		return ferry.Cursors{}, &ferry.Error{Op: "filestore: list cursors", Err: err}
 	}
 	out := ferry.Cursors{Topic: topic, Groups: map[string]ferry.Cursor{}}
 	for k, off := range m {
@@ -349,17 +380,26 @@ func (st *ReadOnlyStore) Cursors(ctx context.Context, topic string, queues int) 
 
 // Commit implements [ferry.CursorStore]: [ErrReadOnly].
 func (st *ReadOnlyStore) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
-	return ferry.Errorf("ferry: commit cursor: %w", ErrReadOnly)
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
+	}
+	return &ferry.Error{Op: "filestore: commit cursor", Err: ErrReadOnly}
 }
 
 // CommitFenced implements [ferry.FencedCursorStore]: [ErrReadOnly].
 func (st *ReadOnlyStore) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
-	return ferry.Errorf("ferry: commit cursor: %w", ErrReadOnly)
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: commit cursor", Err: err}
+	}
+	return &ferry.Error{Op: "filestore: commit cursor", Err: ErrReadOnly}
 }
 
 // Forget implements [ferry.CursorGroups]: [ErrReadOnly].
 func (st *ReadOnlyStore) Forget(ctx context.Context, topic, group string) error {
-	return ferry.Errorf("ferry: forget cursor: %w", ErrReadOnly)
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: forget cursor", Err: err}
+	}
+	return &ferry.Error{Op: "filestore: forget cursor", Err: ErrReadOnly}
 }
 
 // Close implements [io.Closer]: it closes the directory and wakes
@@ -383,32 +423,65 @@ type roQueue struct {
 	dir string
 	key frameKey
 
-	mu     sync.Mutex // guards segs and closed, and serializes refresh
+	mu     sync.Mutex // guards segs, buf and closed, and serializes refresh
 	segs   []*roSegment
+	buf    []byte // the scan buffer
 	closed bool
 }
 
 // roSegment is what a [ReadOnlyStore] read of a segment file: the
 // accounting of its intact frames (segment's fields, f nil), the file's
-// length then and the error of the frame after the last intact one.
+// length then, the error of the frame after the last intact one and what
+// that is.
 type roSegment struct {
 	segment
 	fileSize  int64
 	indexSize int64
-	bad       error
+	bad       error // what is wrong with the frame at size; nil when the file ends there
+	// damage is bad, judged damage (any bad frame of a sealed segment;
+	// in the newest one, see judgeTail), naming the file and byte; nil
+	// for a torn tail, or while the newest segment's is not judged.
+	damage error
+	// The newest segment's bad frame is judged when asked for
+	// (judgeWhen), and the judgement kept for as long as its position,
+	// the file's length and its modification time stay the same
+	// (judged). lastAt is the bad frame's position at the last look (-1:
+	// none), to tell a tail that stalled from one being written.
+	judged   tailKey
+	isJudged bool
+	lastAt   int64
 }
+
+// tailKey is what a judgement of a newest segment's tail holds for.
+type tailKey struct {
+	at, size, mtime int64
+}
+
+// judgeWhen says when a read-only queue judges the bad frame ending its
+// newest segment (see judgeTail), which reads the rest of the file: only
+// when a caller needs to know.
+type judgeWhen int
+
+const (
+	judgeNever   judgeWhen = iota // Offsets: the frames only
+	judgeStalled                  // a Read at the end: once the bad frame stayed where it was since the last look
+	judgeNow                      // Segments, a Read beyond the end
+)
 
 // ID implements [ferry.Queue].
 func (q *roQueue) ID() ferry.QueueID { return q.id }
 
 // Write implements [ferry.WritableQueue]: [ErrReadOnly].
 func (q *roQueue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
-	return 0, ferry.Errorf("ferry: write %s: %w", q.id, ErrReadOnly)
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}
+	}
+	return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ErrReadOnly}
 }
 
 // TryWrite implements [ferry.TryWriter]: [ErrReadOnly].
 func (q *roQueue) TryWrite(msgs []*ferry.EnhancedMessage) (int64, error) {
-	return 0, ferry.Errorf("ferry: write %s: %w", q.id, ErrReadOnly)
+	return 0, &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ErrReadOnly}
 }
 
 // Close implements [io.Closer]; idempotent.
@@ -430,7 +503,7 @@ func (q *roQueue) Offsets() (oldest, next int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if !q.closed {
-		if err := q.refresh(); err != nil {
+		if err := q.refresh(judgeNever); err != nil {
 			q.st.cfg.log.Warn("ferry: filestore: read-only refresh", "queue", q.id.String(), "err", err)
 		}
 	}
@@ -448,6 +521,9 @@ func (q *roQueue) bounds() (oldest, next int64) {
 // Read implements [ferry.ReadableQueue]. The messages are decoded for
 // this call: the caller owns them.
 func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: err}
+	}
 	if len(dst) == 0 {
 		return 0, nil
 	}
@@ -461,35 +537,54 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 		q.mu.Lock()
 		if q.closed || q.st.isClosed() {
 			q.mu.Unlock()
-			return 0, ferry.Errorf("ferry: read %s: %w", q.id, ferry.ErrClosed)
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ferry.ErrClosed}
 		}
 		if _, next := q.bounds(); offset >= next || fresh {
-			if err := q.refresh(); err != nil {
+			when := judgeStalled
+			if fresh {
+				when = judgeNow
+			}
+			if err := q.refresh(when); err != nil {
 				q.mu.Unlock()
 				if q.st.isClosed() {
-					return 0, ferry.Errorf("ferry: read %s: %w", q.id, ferry.ErrClosed)
+					return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ferry.ErrClosed}
 				}
-				return 0, ferry.Errorf("ferry: read %s at %d: %w", q.id, offset, err)
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
 			}
 		}
 		oldest, next := q.bounds()
+		if offset >= next && len(q.segs) > 0 && q.segs[len(q.segs)-1].damage != nil {
+			// The offsets from next on lie beyond damage.
+			err := q.segs[len(q.segs)-1].damage
+			q.mu.Unlock()
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
+		}
 		if offset < oldest || offset > next {
 			q.mu.Unlock()
 			if !fresh { // retention may have moved on since
 				fresh = true
 				continue
 			}
-			return 0, ferry.Errorf("ferry: read %s at %d: %w: retained [%d, %d)", q.id, offset, ferry.ErrOffsetOutOfRange, oldest, next)
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: fmt.Errorf("%w: retained [%d, %d)", ferry.ErrOffsetOutOfRange, oldest, next)}
 		}
 		if offset < next {
 			i := sortSearchSegs(segsOf(q.segs), offset)
 			if i < 0 { // a gap between segments: damage
+				err := fmt.Errorf("%w: no segment holds it", ferry.ErrCorrupt)
+				for _, s := range q.segs {
+					if s.base <= offset && s.damage != nil {
+						err = s.damage
+					}
+				}
 				q.mu.Unlock()
-				return 0, ferry.Errorf("ferry: read %s at %d: %w: no segment holds it", q.id, offset, ferry.ErrCorrupt)
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
 			}
 			s := q.segs[i]
 			name, e, size, sealed := s.name, s.lookup(offset), s.size, i < len(q.segs)-1
 			bad := s.bad
+			if s.damage != nil {
+				bad = s.damage
+			}
 			q.mu.Unlock()
 			n, err := q.readFile(name, e, offset, size, dst)
 			if errors.Is(err, fs.ErrNotExist) && !fresh { // deleted by retention
@@ -498,12 +593,12 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 			}
 			if err != nil {
 				if q.st.isClosed() { // closed while reading: the file went with it
-					return 0, ferry.Errorf("ferry: read %s: %w", q.id, ferry.ErrClosed)
+					return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ferry.ErrClosed}
 				}
-				return 0, ferry.Errorf("ferry: read %s at %d: %w", q.id, offset, err)
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: err}
 			}
 			if n == 0 && sealed && bad != nil {
-				return 0, ferry.Errorf("ferry: read %s at %d: %w (%s at byte %d)", q.id, offset, bad, name, size)
+				return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s at %d", q.id, offset), Err: bad}
 			}
 			if n > 0 {
 				return n, nil
@@ -513,7 +608,7 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 		}
 		fresh = false
 		if err := ctx.Err(); err != nil {
-			return 0, ferry.Errorf("ferry: read %s: %w", q.id, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: err}
 		}
 		if t == nil {
 			t = time.NewTimer(readOnlyPoll)
@@ -523,7 +618,7 @@ func (q *roQueue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedM
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			return 0, ferry.Errorf("ferry: read %s: %w", q.id, ctx.Err())
+			return 0, &ferry.Error{Op: fmt.Sprintf("filestore: read %s", q.id), Err: ctx.Err()}
 		case <-q.st.done:
 		}
 	}
@@ -580,8 +675,9 @@ func (q *roQueue) readFile(name string, e indexEntry, offset, limit int64, dst [
 }
 
 // refresh lists the queue's segment files and reads each from where it
-// last stopped to its end. q.mu must be held.
-func (q *roQueue) refresh() error {
+// last stopped to its end, judging the newest one's tail as when says.
+// q.mu must be held.
+func (q *roQueue) refresh(when judgeWhen) error {
 	entries, err := fs.ReadDir(q.st.root.FS(), q.dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		q.segs = nil
@@ -600,9 +696,10 @@ func (q *roQueue) refresh() error {
 		s, ok := known[base]
 		if !ok {
 			name := segmentName(q.dir, base)
-			s = &roSegment{segment: segment{name: name, base: base, next: base}}
+			s = &roSegment{segment: segment{name: name, base: base, next: base}, lastAt: -1}
 		}
-		gone, err := q.readSegment(s, !ok && i < len(bases)-1 && indexes[base])
+		newest := i == len(bases)-1
+		gone, err := q.readSegment(s, !ok && !newest && indexes[base], newest, when)
 		if err != nil {
 			return err
 		}
@@ -623,9 +720,12 @@ func (q *roQueue) refresh() error {
 }
 
 // readSegment reads s's file on from s.size, or through its index when
-// useIndex and the index passes its checks. gone reports a file that no
-// longer exists.
-func (q *roQueue) readSegment(s *roSegment, useIndex bool) (gone bool, err error) {
+// useIndex and the index passes its checks. A bad frame in a sealed
+// segment is damage; in the newest one (newest), it is judged as Open
+// judges it (judgeTail) when when says so, and the judgement kept while
+// the file stays as it was. gone reports a file that no longer exists.
+// q.mu must be held.
+func (q *roQueue) readSegment(s *roSegment, useIndex, newest bool, when judgeWhen) (gone bool, err error) {
 	f, err := q.st.root.Open(s.name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return true, nil
@@ -645,28 +745,53 @@ func (q *roQueue) readSegment(s *roSegment, useIndex bool) (gone bool, err error
 		chk := segment{name: s.name, base: s.base, next: s.base}
 		if err == nil && decodeIndex(&chk, b, size, q.key) == nil {
 			s.segment = chk
-			s.bad = nil
+			s.bad, s.damage = nil, nil
 			return false, nil
 		}
 	}
 	if size < s.size { // cut (by a repair): read it again from the start
 		s.segment = segment{name: s.name, base: s.base, next: s.base}
 	}
-	sc := newFrameScanner(f, s.size, size, q.st.cfg.maxFrameBytes, q.key)
-	sc.bufSize = 64 << 10
-	s.bad = nil
+	if q.buf == nil {
+		q.buf = make([]byte, 64<<10)
+	}
+	cfg := &q.st.cfg
 	for {
-		fi, _, err := sc.next()
-		if errors.Is(err, io.EOF) {
+		pos, err := scanSegment(f, &s.segment, size, cfg.maxFrameBytes, cfg.indexInterval, q.key, &q.buf, nil)
+		if err != nil && !isCorrupt(err) {
+			return false, fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
+		}
+		s.bad = err
+		switch {
+		case err == nil:
+			s.damage, s.isJudged, s.lastAt = nil, false, -1
+			return false, nil
+		case !newest:
+			s.damage = fmt.Errorf("%w (%s at byte %d of %d, a sealed segment: damage; messages from offset %d on cannot be read)", err, s.name, pos, size, s.next)
 			return false, nil
 		}
-		if err == nil && fi.base != s.next {
-			err = fmt.Errorf("%w: frame holds offset %d, want %d", errBadFrame, fi.base, s.next)
+		key := tailKey{at: pos, size: size, mtime: fi.ModTime().UnixNano()}
+		stalled := pos == s.lastAt
+		s.lastAt = pos
+		if s.isJudged && s.judged == key {
+			return false, nil
 		}
+		s.damage, s.isJudged = nil, false
+		if when == judgeNever || when == judgeStalled && !stalled {
+			return false, nil
+		}
+		v, err := judgeTail(f, pos, size, s.next, err, cfg.maxFrameBytes, q.key)
 		if err != nil {
-			s.bad = err
-			return false, nil
+			return false, fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
 		}
-		s.add(fi, q.st.cfg.indexInterval)
+		if v.kind == tailMoved { // written meanwhile: read on
+			s.add(v.fi, cfg.indexInterval)
+			continue
+		}
+		s.judged, s.isJudged = key, true
+		if v.kind == tailDamage {
+			s.damage = fmt.Errorf("%w (%s at byte %d of %d; %s: the owner's next Open refuses the store)", v.err, s.name, pos, size, v.what())
+		}
+		return false, nil
 	}
 }

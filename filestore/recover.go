@@ -117,7 +117,7 @@ func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir strin
 		st.cfg.log.Warn("ferry: filestore: rebuilding index", "file", iname, "err", err)
 	}
 	*s = segment{name: s.name, f: s.f, base: s.base, next: s.base}
-	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key, &st.scanBuf)
+	pos, err := scanSegment(s.f, s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key, &st.scanBuf, nil)
 	if err != nil {
 		return fmt.Errorf("%w (%s at byte %d of %d, not the newest segment)", err, s.name, pos, size)
 	}
@@ -137,27 +137,23 @@ func (st *Store) recoverSealed(s *segment, size int64, hasIndex bool, qdir strin
 }
 
 // recoverNewest reads the newest segment of a queue and cuts it at the
-// first torn or bad frame.
+// first torn or bad frame; damage (see judgeTail) is refused unless
+// WithRepair.
 func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasIndex bool, qdir string, key frameKey) error {
-	pos, err := scanSegment(s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key, &st.scanBuf)
-	if err != nil && !errors.Is(err, ferry.ErrCorrupt) {
-		return fmt.Errorf("%s at byte %d: %w", s.name, pos, err)
-	}
+	v, err := scanNewest(s.f, s, size, st.cfg.maxFrameBytes, st.cfg.indexInterval, key, &st.scanBuf, nil)
 	if err != nil {
-		// A torn tail has nothing intact after the bad point; intact
-		// frames after it make it damage, cut only on request.
-		found, dropped, first, serr := intactAfter(s.f, pos, size, s.next, st.cfg.maxFrameBytes, key)
-		if serr != nil {
-			return fmt.Errorf("%s at byte %d: %w", s.name, pos, serr)
-		}
-		tr := Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: err, Damaged: found || errors.Is(err, errMisplaced), Dropped: dropped}
+		return err
+	}
+	if v != nil {
+		pos := v.at
+		tr := Truncation{Queue: id, File: s.name, At: pos, Cut: size - pos, Err: v.err, Damaged: v.kind == tailDamage, Dropped: v.dropped}
 		if tr.Damaged {
-			if !st.cfg.repair && !found {
-				return fmt.Errorf("%w (%s at byte %d of %d; nothing was cut: Open WithRepair cuts the segment there)", err, s.name, pos, size)
+			if !st.cfg.repair && v.first < 0 {
+				return fmt.Errorf("%w (%s at byte %d of %d; nothing was cut: Open WithRepair cuts the segment there)", v.err, s.name, pos, size)
 			}
 			if !st.cfg.repair {
-				return fmt.Errorf("%w (%s at byte %d of %d; intact frames follow it, holding %d messages from offset %d: damage, not a torn tail, so nothing was cut; Open WithRepair cuts the segment there and drops them)",
-					err, s.name, pos, size, dropped, first)
+				return fmt.Errorf("%w (%s at byte %d of %d; %s, so nothing was cut; Open WithRepair cuts the segment there and drops them)",
+					v.err, s.name, pos, size, v.what())
 			}
 			tr.Saved = s.name + ".corrupt"
 			if err := st.saveCut(s, pos, size, tr.Saved, qdir); err != nil {
@@ -172,9 +168,9 @@ func (st *Store) recoverNewest(id ferry.QueueID, s *segment, size int64, hasInde
 		}
 		st.recovery.Truncated = append(st.recovery.Truncated, tr)
 		if tr.Damaged {
-			st.cfg.log.Error("ferry: filestore: repaired damage, dropping intact frames", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "dropped", dropped, "saved", tr.Saved, "err", err)
+			st.cfg.log.Error("ferry: filestore: repaired damage, dropping intact frames", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "dropped", v.dropped, "saved", tr.Saved, "err", v.err)
 		} else {
-			st.cfg.log.Warn("ferry: filestore: cut torn tail", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "err", err)
+			st.cfg.log.Warn("ferry: filestore: cut torn tail", "queue", id.String(), "file", s.name, "at", pos, "cut", size-pos, "err", v.err)
 		}
 	}
 	if hasIndex { // written by a roll that did not finish; rewritten on the next

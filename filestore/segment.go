@@ -1,6 +1,7 @@
 package filestore
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -154,34 +155,47 @@ func (s *frameScanner) fill(n int) error {
 	return nil
 }
 
-// scanSegment reads the frames of s's file (s empty, with only base, name
-// and f set), checking checksums and that offsets run on from s.base
-// without a gap, and accounts for them in s. It stops at limit bytes, or at
-// the first bad frame, whose error it returns with the frame's position; s
-// then describes the good prefix.
+// scanSegment reads the frames of s's file from r, from s.size (s
+// describes the frames before it: for a fresh scan only base, name and
+// next = base are set) to limit, checking checksums and that offsets run
+// on without a gap, and accounts for them in s. visit, if not nil, checks
+// each frame's messages too (its error stops the scan like a bad frame).
+// It stops at limit bytes, or at the first bad frame, whose error it
+// returns with the frame's position; s then describes the good prefix.
+// An error that does not wrap [ferry.ErrCorrupt] is a failed read.
 //
 // buf is the scan buffer, shared by the scans of one recovery and kept
 // there (grown if a frame needs more).
-func scanSegment(s *segment, limit int64, maxFrame, interval int, key frameKey, buf *[]byte) (int64, error) {
-	sc := newFrameScanner(s.f, 0, limit, maxFrame, key)
+func scanSegment(r io.ReaderAt, s *segment, limit int64, maxFrame, interval int, key frameKey, buf *[]byte, visit func(frameInfo, []byte) error) (int64, error) {
+	sc := newFrameScanner(r, s.size, limit, maxFrame, key)
 	sc.buf = *buf
 	defer func() { *buf = sc.buf }()
-	want := s.base
 	for {
 		pos := sc.pos()
-		fi, _, err := sc.next()
+		fi, enc, err := sc.next()
 		if err == io.EOF {
 			return pos, nil
 		}
-		if err == nil && fi.base != want {
-			err = fmt.Errorf("%w: frame holds offset %d, want %d", errBadFrame, fi.base, want)
+		if err == nil {
+			err = checkFrame(s, fi, enc, visit)
 		}
 		if err != nil {
 			return pos, err
 		}
 		s.add(fi, interval)
-		want = fi.next()
 	}
+}
+
+// checkFrame checks that an intact frame holds s's next offsets, and its
+// messages with visit when not nil.
+func checkFrame(s *segment, fi frameInfo, enc []byte, visit func(frameInfo, []byte) error) error {
+	if fi.base != s.next {
+		return fmt.Errorf("%w: frame holds offset %d, want %d", errBadFrame, fi.base, s.next)
+	}
+	if visit != nil {
+		return visit(fi, enc)
+	}
+	return nil
 }
 
 var errBadFrame = fmt.Errorf("%w: misplaced frame", ferry.ErrCorrupt)
@@ -191,9 +205,10 @@ var errBadFrame = fmt.Errorf("%w: misplaced frame", ferry.ErrCorrupt)
 // pass every check and hold offsets from want on, or frames of another
 // queue. It reports whether it found any (none means that what follows
 // pos is a torn tail: incomplete, zero or garbage; any, that the bad frame
-// is damage), how many messages this queue's intact frames hold and the
-// first's offset. It reads the rest of the file once, in chunks, and
-// checks a checksum only where a frame's fixed fields make sense.
+// is damage, see judgeTail), how many messages this queue's intact frames
+// hold and the first's offset. It reads the rest of the file once, in
+// chunks, and checks a checksum only where a frame's fixed fields make
+// sense. A file shorter than size (cut meanwhile) ends the search there.
 func intactAfter(r io.ReaderAt, pos, size, want int64, maxFrame int, key frameKey) (found bool, msgs, first int64, err error) {
 	const chunk = 1 << 20
 	win := make([]byte, min(chunk+frameHeader, max(size-pos, 0)))
@@ -226,13 +241,20 @@ func intactAfter(r io.ReaderAt, pos, size, want int64, maxFrame int, key frameKe
 
 // findFrame returns the position of the first intact frame at or after
 // from holding offsets from want on (or written by another queue), or -1.
+// It looks only where the version byte is one this queue reads.
 func findFrame(r io.ReaderAt, win []byte, from, size, want int64, maxFrame, chunk int, key frameKey) (int64, error) {
 	for c := from; c+frameHeaderV1 <= size; c += int64(chunk) {
-		n := int(min(int64(len(win)), size-c))
-		if _, err := r.ReadAt(win[:n], c); err != nil && !errors.Is(err, io.EOF) {
+		n, err := r.ReadAt(win[:min(int64(len(win)), size-c)], c)
+		if err != nil && !errors.Is(err, io.EOF) {
 			return -1, err
 		}
 		for i := 0; i+frameHeaderV1 <= n && i < chunk; i++ {
+			// Skip to the next version byte (at framePrefix in a frame).
+			j := nextMagic(win[i+framePrefix:n-frameHeaderV1+framePrefix+1], key.legacy)
+			if j < 0 || i+j >= chunk {
+				break
+			}
+			i += j
 			b := win[i:n]
 			var fields []byte
 			switch {
@@ -252,15 +274,33 @@ func findFrame(r io.ReaderAt, win []byte, from, size, want int64, maxFrame, chun
 				continue
 			}
 			fb := make([]byte, l+framePrefix)
-			if _, err := r.ReadAt(fb, p); err != nil {
-				return -1, err
+			if got, err := r.ReadAt(fb, p); got < len(fb) {
+				if err != nil && !errors.Is(err, io.EOF) {
+					return -1, err
+				}
+				continue // cut meanwhile
 			}
 			if fi, _, err := decodeFrame(fb, maxFrame, key); (err == nil || errors.Is(err, errMisplaced)) && fi.base == base {
 				return p, nil
 			}
 		}
+		if n < len(win) && int64(n) < size-c { // the file ends before size
+			return -1, nil
+		}
 	}
 	return -1, nil
+}
+
+// nextMagic returns the index of the first byte of b that is a frame
+// version this queue reads (the version of a legacy store too), or -1.
+func nextMagic(b []byte, legacy bool) int {
+	i := bytes.IndexByte(b, frameMagic)
+	if legacy {
+		if j := bytes.IndexByte(b, frameMagicV1); j >= 0 && (i < 0 || j < i) {
+			i = j
+		}
+	}
+	return i
 }
 
 // checkTail reads the frames of a sealed segment from its last index entry

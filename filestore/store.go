@@ -112,11 +112,11 @@ type ClampedCursor struct {
 func Open(dir string, opts ...Option) (*Store, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: filestore: open %s: %w", dir, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open %s", dir), Err: err}
 	}
 	st, err := open(dir, cfg)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: filestore: open %s: %w", dir, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open %s", dir), Err: err}
 	}
 	return st, nil
 }
@@ -280,20 +280,23 @@ func (st *Store) Dir() string { return st.dir }
 // returns it (taking meta's retention); one that was closed is recovered
 // from disk again.
 func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int) (ferry.Queue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
-		return nil, ferry.Errorf("ferry: open queue: %w", err)
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
 	if queue < 0 || queue >= meta.Queues {
-		return nil, ferry.Errorf("ferry: open queue: %w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: fmt.Errorf("%w: queue %d of %d in topic %q", ferry.ErrInvalidTopic, queue, meta.Queues, meta.Name)}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, ferry.Errorf("ferry: open queue: %w", err)
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: err}
 	}
 	ret := meta.Normalized().Retention
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return nil, ferry.Errorf("ferry: open queue: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "filestore: open queue", Err: ferry.ErrClosed}
 	}
 	id := ferry.QueueID{Topic: meta.Name, Queue: queue}
 	if q, ok := st.queues[id]; ok {
@@ -301,12 +304,12 @@ func (st *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, queue int)
 		return q, nil
 	}
 	if err := st.files.mkdirSync(path.Join("topics", meta.Name)); err != nil {
-		return nil, ferry.Errorf("ferry: open queue %s: %w", id, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
 	}
 	q, err := st.recoverQueue(id, ret)
 	st.scanBuf = nil
 	if err != nil {
-		return nil, ferry.Errorf("ferry: open queue %s: %w", id, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("filestore: open queue %s", id), Err: err}
 	}
 	st.queues[id] = q
 	return q, nil
@@ -323,10 +326,13 @@ func (st *Store) forget(q *queue) {
 
 // Topics implements [ferry.Storage].
 func (st *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "filestore: topics", Err: err}
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return nil, ferry.Errorf("ferry: topics: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "filestore: topics", Err: ferry.ErrClosed}
 	}
 	out := make([]ferry.TopicMeta, 0, len(st.topics))
 	for _, m := range st.topics {
@@ -350,17 +356,20 @@ func (st *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 
 // Topic implements [ferry.SharedStorage].
 func (st *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
+	}
 	if err := ctx.Err(); err != nil {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: topic: %w", err)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: err}
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: topic: %w", ferry.ErrClosed)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: ferry.ErrClosed}
 	}
 	meta, ok := st.topics[name]
 	if !ok {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: topic: %w: %q", ferry.ErrTopicNotFound, name)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "filestore: topic", Err: fmt.Errorf("%w: %q", ferry.ErrTopicNotFound, name)}
 	}
 	return meta, nil
 }
@@ -368,30 +377,33 @@ func (st *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error
 var _ ferry.SharedStorage = (*Store)(nil)
 
 func (st *Store) saveTopic(ctx context.Context, op string, meta ferry.TopicMeta, ifAbsent bool) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "filestore: " + op, Err: err}
+	}
 	if err := meta.Validate(); err != nil {
-		return ferry.Errorf("ferry: %s: %w", op, err)
+		return &ferry.Error{Op: "filestore: " + op, Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return ferry.Errorf("ferry: %s: %w", op, err)
+		return &ferry.Error{Op: "filestore: " + op, Err: err}
 	}
 	meta = meta.Normalized()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.closed {
-		return ferry.Errorf("ferry: %s: %w", op, ferry.ErrClosed)
+		return &ferry.Error{Op: "filestore: " + op, Err: ferry.ErrClosed}
 	}
 	if have, ok := st.topics[meta.Name]; ok && ifAbsent {
 		if have != meta {
-			return ferry.Errorf("ferry: %s %q: %w: have %+v, asked %+v", op, meta.Name, ferry.ErrTopicExists, have, meta)
+			return &ferry.Error{Op: fmt.Sprintf("filestore: %s %q", op, meta.Name), Err: fmt.Errorf("%w: have %+v, asked %+v", ferry.ErrTopicExists, have, meta)}
 		}
 		return nil
 	}
 	tdir := path.Join("topics", meta.Name)
 	if err := st.files.mkdirSync(tdir); err != nil {
-		return ferry.Errorf("ferry: %s %q: %w", op, meta.Name, err)
+		return &ferry.Error{Op: fmt.Sprintf("filestore: %s %q", op, meta.Name), Err: err}
 	}
 	if err := st.files.writeFileRename(path.Join(tdir, "meta"), encodeMeta(meta), true); err != nil {
-		return ferry.Errorf("ferry: %s %q: %w", op, meta.Name, err)
+		return &ferry.Error{Op: fmt.Sprintf("filestore: %s %q", op, meta.Name), Err: err}
 	}
 	st.topics[meta.Name] = meta
 	for id, q := range st.queues {
@@ -430,7 +442,7 @@ func (st *Store) Close() error {
 	errs = append(errs, st.lock.Close(), st.root.Close())
 	err := errors.Join(errs...)
 	if err != nil {
-		err = ferry.Errorf("ferry: filestore: close %s: %w", st.dir, err)
+		err = &ferry.Error{Op: fmt.Sprintf("filestore: close %s", st.dir), Err: err}
 	}
 	st.mu.Lock()
 	st.closeErr = err

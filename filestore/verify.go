@@ -3,9 +3,7 @@ package filestore
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
 	"path"
 	"slices"
 	"strconv"
@@ -41,6 +39,11 @@ type Problem struct {
 	Offset int64  // byte in File; -1 when the whole file is concerned
 	Err    string
 	Damage bool
+	// TornTail marks the bytes after the last frame of a queue's newest
+	// segment that Open cuts, never damage: while the owner runs, space
+	// reserved ahead of its writes or a write in progress; after a crash,
+	// a torn tail.
+	TornTail bool
 }
 
 func (p Problem) String() string {
@@ -61,8 +64,10 @@ func (p Problem) String() string {
 // segment, and the cursor file. Of the options, [WithMaxFrameBytes]
 // applies. Damage is reported in the report, not as an error; the error is
 // for a directory it cannot read. It may run while the owner writes: a
-// segment deleted meanwhile is skipped and the newest segment's end is a
-// torn tail, not damage.
+// segment deleted meanwhile is skipped, and the end of a newest segment
+// is judged as Open judges it, a torn tail or damage, telling the owner's
+// writes in progress from either (see judgeTail in tail.go): a live
+// store's tails are [Problem.TornTail] notes, never damage.
 func Verify(dir string, opts ...Option) (VerifyReport, error) {
 	var r VerifyReport
 	st, err := OpenReadOnly(dir, opts...)
@@ -76,7 +81,7 @@ func Verify(dir string, opts ...Option) (VerifyReport, error) {
 	defer st.Close()
 	v := verifier{st: st, r: &r}
 	if err := v.run(); err != nil {
-		return r, ferry.Errorf("ferry: filestore: verify %s: %w", dir, err)
+		return r, &ferry.Error{Op: fmt.Sprintf("filestore: verify %s", dir), Err: err}
 	}
 	return r, nil
 }
@@ -85,7 +90,8 @@ type verifier struct {
 	st  *ReadOnlyStore
 	r   *VerifyReport
 	buf []byte
-	// next offset of each queue, for the cursors
+	// oldest and next offset of each queue, for the cursors; none for a
+	// queue whose newest segment is damaged
 	ranges map[ferry.QueueID][2]int64
 }
 
@@ -141,6 +147,7 @@ func (v *verifier) queue(id ferry.QueueID, qdir string) error {
 	cfg := &v.st.cfg
 	var prev *segment
 	var oldest int64 = -1
+	damaged := false // the queue's range is not known past damage
 	for i, base := range bases {
 		newest := i == len(bases)-1
 		s := &segment{name: segmentName(qdir, base), base: base, next: base}
@@ -162,25 +169,46 @@ func (v *verifier) queue(id ferry.QueueID, qdir string) error {
 		if prev != nil && prev.next != base {
 			v.problem(s.name, -1, true, "starts at offset %d, the segment before it ends at %d", base, prev.next)
 		}
-		pos, frames, msgs, serr := v.scan(s, f, size, id.Queue, key)
-		v.r.Frames += frames
-		v.r.Messages += msgs
-		if serr != nil {
-			if newest {
-				found, dropped, first, ierr := intactAfter(f, pos, size, s.next, cfg.maxFrameBytes, key)
-				switch {
-				case ierr != nil:
-					_ = f.Close()
-					return ierr
-				case found:
-					v.problem(s.name, pos, true, "%v; intact frames follow it, holding %d messages from offset %d (Open refuses the store; Open WithRepair cuts them)", serr, dropped, first)
-				default:
-					v.problem(s.name, pos, false, "torn tail of %d bytes after the last frame (space reserved or a write in progress while the owner runs; Open cuts it): %v", size-pos, serr)
-				}
-			} else {
+		var frames, msgs int64
+		var dec []*ferry.EnhancedMessage
+		visit := func(fi frameInfo, enc []byte) error {
+			var err error
+			if dec, err = decodeMessages(dec[:0], fi, enc, fi.base, id.Queue); err != nil {
+				return err
+			}
+			frames++
+			msgs += int64(fi.count)
+			return nil
+		}
+		var serr error
+		if newest {
+			var t *tailVerdict
+			t, serr = scanNewest(f, s, size, cfg.maxFrameBytes, cfg.indexInterval, key, &v.buf, visit)
+			switch {
+			case serr != nil:
+				_ = f.Close()
+				return serr
+			case t != nil && t.kind == tailDamage:
+				v.problem(s.name, t.at, true, "%v; %s (Open refuses the store; Open WithRepair cuts the segment there)", t.err, t.what())
+				serr, damaged = t.err, true
+			case t != nil:
+				v.r.Problems = append(v.r.Problems, Problem{File: s.name, Offset: t.at, TornTail: true,
+					Err: fmt.Sprintf("torn tail of %d bytes after the last frame (space reserved or a write in progress while the owner runs; Open cuts it): %v", size-t.at, t.err)})
+				serr = t.err
+			}
+		} else {
+			var pos int64
+			pos, serr = scanSegment(f, s, size, cfg.maxFrameBytes, cfg.indexInterval, key, &v.buf, visit)
+			if serr != nil && !isCorrupt(serr) {
+				_ = f.Close()
+				return serr
+			}
+			if serr != nil {
 				v.problem(s.name, pos, true, "%v (a sealed segment: messages from offset %d on are lost)", serr, s.next)
 			}
 		}
+		v.r.Frames += frames
+		v.r.Messages += msgs
 		_ = f.Close()
 		iname := indexName(qdir, base)
 		switch {
@@ -216,9 +244,11 @@ func (v *verifier) queue(id ferry.QueueID, qdir string) error {
 		}
 		prev = s
 	}
-	if prev != nil {
+	switch {
+	case damaged: // Open refuses the store: no cursor is clamped
+	case prev != nil:
 		v.ranges[id] = [2]int64{oldest, prev.next}
-	} else {
+	default:
 		v.ranges[id] = [2]int64{0, 0}
 	}
 	return nil
@@ -237,34 +267,6 @@ func (v *verifier) frameAt(s *segment, e indexEntry) bool {
 	sc.bufSize = 64 << 10
 	fi, _, err := sc.next()
 	return (err == nil || errors.Is(err, errMisplaced)) && fi.base == e.off
-}
-
-// scan reads every frame of s's file and decodes its messages; it returns
-// the position of the first bad frame and its error, or size and nil.
-func (v *verifier) scan(s *segment, f *os.File, size int64, queue int, key frameKey) (pos, frames, msgs int64, err error) {
-	sc := newFrameScanner(f, 0, size, v.st.cfg.maxFrameBytes, key)
-	sc.buf = v.buf
-	defer func() { v.buf = sc.buf }()
-	var dec []*ferry.EnhancedMessage
-	for {
-		pos = sc.pos()
-		fi, enc, err := sc.next()
-		if errors.Is(err, io.EOF) {
-			return pos, frames, msgs, nil
-		}
-		if err == nil && fi.base != s.next {
-			err = fmt.Errorf("%w: frame holds offset %d, want %d", errBadFrame, fi.base, s.next)
-		}
-		if err == nil {
-			dec, err = decodeMessages(dec[:0], fi, enc, fi.base, queue)
-		}
-		if err != nil {
-			return pos, frames, msgs, err
-		}
-		s.add(fi, v.st.cfg.indexInterval)
-		frames++
-		msgs += int64(fi.count)
-	}
 }
 
 func (v *verifier) cursors() error {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 )
 
 // run is the writer goroutine: it commits the writes sent to it (every
@@ -85,7 +86,7 @@ func (q *queue) run() {
 			}
 			for _, r := range q.pending {
 				if r.state.CompareAndSwap(reqPending, reqTaken) {
-					r.done <- writeRes{err: ferry.Errorf("ferry: write %s: %w", q.id, ferry.ErrClosed)}
+					r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrClosed}}
 				}
 			}
 			q.pending = nil
@@ -173,7 +174,7 @@ func (q *queue) process() {
 	if failed != nil {
 		for _, r := range q.pending {
 			if r.state.CompareAndSwap(reqPending, reqTaken) {
-				r.done <- writeRes{err: ferry.Errorf("ferry: write %s: %w", q.id, failed)}
+				r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: failed}}
 			}
 		}
 		q.pending = q.pending[:0]
@@ -187,7 +188,7 @@ func (q *queue) process() {
 		q.pending = q.pending[:take]
 		for _, r := range rest {
 			if r.try && r.state.CompareAndSwap(reqPending, reqTaken) {
-				r.done <- writeRes{err: ferry.Errorf("ferry: write %s: %w", q.id, ferry.ErrQueueFull)}
+				r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: ferry.ErrQueueFull}}
 				continue
 			}
 			q.pending = append(q.pending, r)
@@ -219,7 +220,7 @@ func (q *queue) commit(batch []*writeReq) {
 	clear(q.flat)
 	for _, r := range batch {
 		if err != nil {
-			r.done <- writeRes{err: ferry.Errorf("ferry: write %s: %w", q.id, err)}
+			r.done <- writeRes{err: &ferry.Error{Op: fmt.Sprintf("filestore: write %s", q.id), Err: err}}
 		} else {
 			r.done <- writeRes{first: r.msgs[0].Offset}
 		}
@@ -245,7 +246,7 @@ func (q *queue) appendMsgs(msgs []*ferry.EnhancedMessage, ret ferry.Retention) e
 		m.Offset = off
 		m.StoreUnixNano = nowNano
 		off++
-		q.enc = ferry.AppendEncode(q.enc, m)
+		q.enc = codec.Append(q.enc, m)
 		q.ends = append(q.ends, len(q.enc))
 	}
 

@@ -2,7 +2,6 @@ package natsstore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,7 +12,6 @@ import (
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/ferrymq/ferry/natsstore"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 var fresh atomic.Int64
@@ -37,17 +35,11 @@ func openStore(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option
 	return s
 }
 
-// runSuites runs the Queue, Storage and CursorStore suites on c. Each
-// subtest's deployment is dropped when it ends (see dropDeployment): the
-// servers live as long as the process, and with -count=20 the streams
-// and buckets left behind (thousands, each a Raft group on the cluster)
-// slowed every request past the op timeout.
 func runSuites(t *testing.T, c *cluster) {
 	opts := suiteOpts(c)
 	t.Run("Queue", func(t *testing.T) {
 		ferrytest.TestQueue(t, features, func(t *testing.T, meta ferry.TopicMeta, i int) ferry.Queue {
 			prefix := fmt.Sprintf("q%d", fresh.Add(1))
-			dropDeployment(t, c, prefix) // after the store's and the suite's cleanups
 			s := openStore(t, c, prefix, opts...)
 			t.Cleanup(func() { _ = s.Close() })
 			q, err := s.OpenQueue(context.Background(), meta, i)
@@ -59,13 +51,11 @@ func runSuites(t *testing.T, c *cluster) {
 	})
 	t.Run("Storage", func(t *testing.T) {
 		ferrytest.TestStorage(t, features, func(t *testing.T, dir string) ferry.Storage {
-			dropDeployment(t, c, prefixFor(dir)) // a reopen within the subtest finds it
 			return openStore(t, c, prefixFor(dir), opts...)
 		})
 	})
 	t.Run("CursorStore", func(t *testing.T) {
 		ferrytest.TestCursorStore(t, features, func(t *testing.T, dir string) ferry.CursorStore {
-			dropDeployment(t, c, prefixFor(dir))
 			return openStore(t, c, prefixFor(dir), opts...)
 		})
 	})
@@ -124,7 +114,6 @@ func runCoordinatorSuite(t *testing.T, c *cluster) {
 	}
 	ferrytest.TestCoordinator(t, f, func(t *testing.T) ferry.Coordinator {
 		prefix := fmt.Sprintf("c%d", fresh.Add(1))
-		dropDeployment(t, c, prefix) // as in runSuites
 		co := openCoordinator(t, c, prefix, opts...)
 		prefixes.Store(co, prefix)
 		return co
@@ -152,13 +141,19 @@ func TestCluster(t *testing.T) {
 var consumerFeatures = ferrytest.ConsumerFeatures{Scale: 0.1, Timeout: 30 * time.Second}
 
 // openBackend returns a store and a coordinator of a fresh deployment,
-// each over its own connection; Reopen opens the same prefix again.
+// each over its own connection; Reopen opens the same prefix again;
+// Expire deletes a member's key, as its expiry does.
 func openBackend(t *testing.T, c *cluster, prefix string) ferrytest.Backend {
 	s := openStore(t, c, prefix)
 	co := openCoordinator(t, c, prefix)
 	return ferrytest.Backend{
 		Storage: s, Cursors: s, Coordinator: co,
 		Reopen: func(t *testing.T) ferrytest.Backend { return openBackend(t, c, prefix) },
+		Expire: func(g ferry.GroupKey, member string) {
+			if err := natsstore.DeleteMember(context.Background(), co, g, member); err != nil {
+				t.Errorf("expire %s in %s: %v", member, g, err)
+			}
+		},
 	}
 }
 
@@ -182,10 +177,7 @@ func dropDeployment(t *testing.T, c *cluster, prefix string) {
 			t.Errorf("list streams: %v", err)
 		}
 		for _, name := range drop {
-			// Not found: deleted meanwhile (by a second drop of the same
-			// prefix in the subtest, its listing older than the first's
-			// delete), which is what was asked.
-			if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			if err := js.DeleteStream(ctx, name); err != nil {
 				t.Errorf("delete stream %s: %v", name, err)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -220,7 +221,7 @@ func (q *queue) leaderGet(ctx context.Context, seq uint64) (m *ferry.EnhancedMes
 	if r.Message == nil {
 		return nil, false, nil
 	}
-	m, _, err = ferry.Decode(r.Message.Data)
+	m, _, err = codec.Decode(r.Message.Data)
 	if err != nil {
 		return nil, false, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -72,12 +73,15 @@ var (
 // they are absent. A bucket made before with another TTL is
 // [ferry.ErrInvalidOption]: every member must agree on the TTL.
 func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Coordinator, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: coordinator", Err: err}
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: coordinator: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: coordinator", Err: err}
 	}
 	if js == nil {
-		return nil, ferry.Errorf("ferry: natsstore: coordinator: %w: nil JetStream", ferry.ErrInvalidOption)
+		return nil, &ferry.Error{Op: "natsstore: coordinator", Err: fmt.Errorf("%w: nil JetStream", ferry.ErrInvalidOption)}
 	}
 	ctx, cancel := cfg.bound(ctx)
 	defer cancel()
@@ -92,10 +96,10 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 		}
 		st, err := askExisting(ctx, cfg, kv.Status)
 		if err != nil {
-			return nil, ferry.Errorf("ferry: natsstore: coordinator: bucket %s: %w", b.name, err)
+			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: coordinator: bucket %s", b.name), Err: err}
 		}
 		if st.TTL() != cfg.ttl {
-			return nil, ferry.Errorf("ferry: natsstore: coordinator: %w: bucket %s has TTL %v, want %v", ferry.ErrInvalidOption, st.Bucket(), st.TTL(), cfg.ttl)
+			return nil, &ferry.Error{Op: "natsstore: coordinator", Err: fmt.Errorf("%w: bucket %s has TTL %v, want %v", ferry.ErrInvalidOption, st.Bucket(), st.TTL(), cfg.ttl)}
 		}
 		*b.kv = kv
 	}
@@ -106,20 +110,23 @@ func groupPrefix(g ferry.GroupKey) string { return encodeToken(g.Scope) + "." + 
 
 // Join implements [ferry.Coordinator].
 func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string) (ferry.Session, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
+	}
 	if g.Scope == "" || member == "" {
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w: empty group or member", g, ferry.ErrInvalidOption)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: fmt.Errorf("%w: empty group or member", ferry.ErrInvalidOption)}
 	}
 	if err := ferry.ValidateTopicName(g.Topic); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
 	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ferry.ErrClosed}
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
@@ -132,14 +139,14 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	start := time.Now()
 	rev, err := c.members.Create(ctx, s.key, s.nonce)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return nil, ferry.Errorf("ferry: natsstore: join: %w: member %q already in group %q of topic %q", ferry.ErrInvalidOption, member, g.Scope, g.Topic)
+		return nil, &ferry.Error{Op: "natsstore: join", Err: fmt.Errorf("%w: member %q already in group %q of topic %q", ferry.ErrInvalidOption, member, g.Scope, g.Topic)}
 	}
 	if err != nil {
 		// The create may have gone through (a timeout after the send):
 		// a key of ours would hold the member ID and a share of the
 		// queues until it expired. Take it back.
 		c.takeBack(c.members, s.key, s.nonce)
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
 	}
 	s.rev = rev
 	wctx, wcancel := context.WithCancel(context.Background())
@@ -147,7 +154,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	if err != nil {
 		wcancel()
 		c.deleteKey(c.members, s.key, rev)
-		return nil, ferry.Errorf("ferry: natsstore: join %s: watch: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s: watch", g), Err: err}
 	}
 	set := map[string]bool{}
 	for initial := true; initial; {
@@ -162,7 +169,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 			stopWatcher(w, c.cfg.opTimeout)
 			wcancel()
 			c.deleteKey(c.members, s.key, rev)
-			return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ctx.Err())
+			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ctx.Err()}
 		}
 	}
 	set[member] = true // it was created before the watch started
@@ -173,7 +180,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		stopWatcher(w, c.cfg.opTimeout)
 		wcancel()
 		c.deleteKey(c.members, s.key, rev)
-		return nil, ferry.Errorf("ferry: natsstore: join %s: %w", g, ferry.ErrClosed)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ferry.ErrClosed}
 	}
 	c.sessions[s] = struct{}{}
 	c.mu.Unlock()
@@ -290,20 +297,23 @@ func (c *Coordinator) release(ctx context.Context, kv jetstream.KeyValue, key st
 // Members implements [ferry.Coordinator]: it asks the members bucket's
 // leader (see [Coordinator]), a stream info and a get per key.
 func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
+	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, ferry.ErrClosed)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: ferry.ErrClosed}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
 	es, err := leaderLive(ctx, c.js, c.members, groupPrefix(g)+".*")
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: members of %s: %w", g, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
 	}
 	var out []string
 	for _, e := range es {
@@ -540,7 +550,10 @@ func (s *session) finish(ctx context.Context, leases []*lease, rev uint64, lost 
 // [Coordinator.Members] no longer lists it; if the key could not be
 // deleted, with the error (the key then expires within the TTL).
 func (s *session) Leave(ctx context.Context) error {
-	err := s.end(ctx, false)
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: leave %s", s.g), Err: err}
+	}
+	err := s.end(ctx, true) // a lease not released is lost when its session ends
 	s.wg.Wait()
 	select {
 	case <-s.done:
@@ -548,11 +561,11 @@ func (s *session) Leave(ctx context.Context) error {
 		select {
 		case <-s.done:
 		case <-ctx.Done():
-			return ferry.Errorf("ferry: natsstore: leave %s: %w", s.g, ctx.Err())
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: leave %s", s.g), Err: ctx.Err()}
 		}
 	}
 	if err != nil {
-		return ferry.Errorf("ferry: natsstore: leave %s: %w", s.g, err)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: leave %s", s.g), Err: err}
 	}
 	return nil
 }
@@ -562,11 +575,14 @@ func (s *session) lockKey(q int) string { return s.prefix + "." + strconv.Itoa(q
 // Lock implements [ferry.Session]: a KV create of the lock key; while it
 // exists, a watch of the key wakes the waiter on its deletion or expiry.
 func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: err}
+	}
 	if q < 0 || q >= ferry.MaxQueues {
-		return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w: out of range", s.g, q, ferry.ErrInvalidOption)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: fmt.Errorf("%w: out of range", ferry.ErrInvalidOption)}
 	}
 	expired := func() error {
-		return ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ferry.ErrSessionExpired}
 	}
 	select {
 	case <-s.stop:
@@ -602,7 +618,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 				return nil, expired()
 			case <-ctx.Done():
 				s.c.takeBack(s.c.locks, key, s.nonce)
-				return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ctx.Err())
+				return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ctx.Err()}
 			}
 			continue
 		}
@@ -616,7 +632,7 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 			if errors.Is(err, ferry.ErrSessionExpired) {
 				return nil, expired()
 			}
-			return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, err)
+			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: err}
 		}
 	}
 }
@@ -678,11 +694,12 @@ func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher, v *keyV
 // granted registers a lease of a created lock key and starts its renewal.
 func (s *session) granted(q int, key string, rev uint64, start time.Time) (ferry.Lease, error) {
 	l := &lease{s: s, q: q, key: key, token: rev, rev: rev, lost: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
+	l.until.Store(start.Add(time.Duration(float64(s.c.cfg.ttl) * s.c.cfg.safety)).UnixNano())
 	s.mu.Lock()
 	if s.ended {
 		s.mu.Unlock()
 		s.c.deleteKey(s.c.locks, key, rev)
-		return nil, ferry.Errorf("ferry: natsstore: lock %s queue %d: %w", s.g, q, ferry.ErrSessionExpired)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ferry.ErrSessionExpired}
 	}
 	s.leases[q] = l
 	s.wg.Go(func() { l.renew(start) })
@@ -702,14 +719,27 @@ type lease struct {
 
 	rev  uint64 // guarded by s.mu
 	gone bool   // guarded by s.mu
+	// until is when the lease counts itself lost (Unix ns): the start of
+	// its last successful renewal + safety × TTL, as its lost timer.
+	until atomic.Int64
 }
+
+var _ ferry.DeadlineLease = (*lease)(nil)
 
 func (l *lease) Token() uint64         { return l.token }
 func (l *lease) Lost() <-chan struct{} { return l.lost }
 
+// Deadline implements [ferry.DeadlineLease]: the moment the lease's own
+// timer counts it lost, so a member paused past it starts nothing more
+// even before that timer has run.
+func (l *lease) Deadline() (time.Time, bool) { return time.Unix(0, l.until.Load()), true }
+
 // Release implements [ferry.Lease]: a delete checked against the lease's
 // revision, so it never frees a lock someone else holds now.
 func (l *lease) Release(ctx context.Context) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: release %s queue %d", l.s.g, l.q), Err: err}
+	}
 	l.give(false)
 	return nil
 }
@@ -783,6 +813,7 @@ func (l *lease) renew(start time.Time) {
 			s.mu.Lock()
 			l.rev = nrev
 			s.mu.Unlock()
+			l.until.Store(start.Add(life).UnixNano())
 			lostTimer.Reset(time.Until(start.Add(life)))
 			unknown = time.Time{}
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
@@ -796,6 +827,7 @@ func (l *lease) renew(start time.Time) {
 				s.mu.Unlock()
 				// The try applied began no earlier than the first one
 				// since the last success.
+				l.until.Store(unknown.Add(life).UnixNano())
 				lostTimer.Reset(time.Until(unknown.Add(life)))
 				unknown = time.Time{}
 			case renewRefused:

@@ -49,14 +49,17 @@ func parseCursorKey(key string) (group string, q int, ok bool) {
 
 // Load implements [ferry.CursorStore]: one watch of the group's keys.
 func (s *Store) Load(ctx context.Context, topic, group string, queues int) ([]int64, error) {
-	if err := ferry.ValidateCursorArgs(topic, group, queues); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: load cursor: %w", err)
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: err}
+	}
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queues); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: err}
 	}
 	if s.isClosed() {
-		return nil, ferry.Errorf("ferry: natsstore: load cursor: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: ferry.ErrClosed}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: load cursor: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: load cursor", Err: err}
 	}
 	out := make([]int64, queues)
 	for i := range out {
@@ -75,13 +78,16 @@ func (s *Store) Load(ctx context.Context, topic, group string, queues int) ([]in
 		}
 	}
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: load cursor %s/%s: %w", topic, group, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: load cursor %s/%s", topic, group), Err: err}
 	}
 	return out, nil
 }
 
 // Commit implements [ferry.CursorStore]; it keeps the key's token.
 func (s *Store) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
+	}
 	return s.commit(ctx, topic, group, queue, offset, 0, false)
 }
 
@@ -89,21 +95,24 @@ func (s *Store) Commit(ctx context.Context, topic, group string, queue int, offs
 // that refuses, writing nothing, when the stored token is higher than
 // token. Tokens live in the bucket, so they outlive every process.
 func (s *Store) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
+	}
 	return s.commit(ctx, topic, group, queue, offset, token, true)
 }
 
 func (s *Store) commit(ctx context.Context, topic, group string, queue int, offset int64, token uint64, fenced bool) error {
-	if err := ferry.ValidateCursorArgs(topic, group, queue); err != nil {
-		return ferry.Errorf("ferry: natsstore: commit cursor: %w", err)
+	if err := ferry.ValidateGroupCursorArgs(topic, group, queue); err != nil {
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
 	}
 	if offset < 0 {
-		return ferry.Errorf("ferry: natsstore: commit cursor: %w: offset %d", ferry.ErrOffsetOutOfRange, offset)
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: fmt.Errorf("%w: offset %d", ferry.ErrOffsetOutOfRange, offset)}
 	}
 	if s.isClosed() {
-		return ferry.Errorf("ferry: natsstore: commit cursor: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: ferry.ErrClosed}
 	}
 	if err := ctx.Err(); err != nil {
-		return ferry.Errorf("ferry: natsstore: commit cursor: %w", err)
+		return &ferry.Error{Op: "natsstore: commit cursor", Err: err}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -120,21 +129,21 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 				continue // raced another commit: read again
 			}
 			if err != nil {
-				return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w", topic, group, queue, err)
+				return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: err}
 			}
 			return nil
 		}
 		if err != nil {
-			return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w", topic, group, queue, err)
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: err}
 		}
 		_, last, err := decodeCursor(e.Value())
 		if err != nil {
-			return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w", topic, group, queue, err)
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: err}
 		}
 		tok := last
 		if fenced {
 			if token < last {
-				return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w: token %d, last %d", topic, group, queue, ferry.ErrFenced, token, last)
+				return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: fmt.Errorf("%w: token %d, last %d", ferry.ErrFenced, token, last)}
 			}
 			tok = token
 		}
@@ -143,7 +152,7 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 			continue
 		}
 		if err != nil {
-			return ferry.Errorf("ferry: natsstore: commit cursor %s/%s[%d]: %w", topic, group, queue, err)
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: commit cursor %s/%s[%d]", topic, group, queue), Err: err}
 		}
 		return nil
 	}
@@ -151,11 +160,14 @@ func (s *Store) commit(ctx context.Context, topic, group string, queue int, offs
 
 // Cursors implements [ferry.CursorGroups]: one watch of the topic's keys.
 func (s *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cursors, error) {
-	if err := ferry.ValidateCursorsArgs(topic, queues); err != nil {
-		return ferry.Cursors{}, ferry.Errorf("ferry: natsstore: list cursors: %w", err)
+	if err := checkContext(ctx); err != nil {
+		return ferry.Cursors{}, &ferry.Error{Op: "natsstore: list cursors", Err: err}
+	}
+	if err := ferry.ValidateTopicCursorsArgs(topic, queues); err != nil {
+		return ferry.Cursors{}, &ferry.Error{Op: "natsstore: list cursors", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.Cursors{}, ferry.Errorf("ferry: natsstore: list cursors: %w", ferry.ErrClosed)
+		return ferry.Cursors{}, &ferry.Error{Op: "natsstore: list cursors", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -168,7 +180,7 @@ func (s *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cu
 		err = addCursor(out, e, queues)
 	}
 	if err != nil {
-		return ferry.Cursors{}, ferry.Errorf("ferry: natsstore: list cursors of %s: %w", topic, err)
+		return ferry.Cursors{}, &ferry.Error{Op: fmt.Sprintf("natsstore: list cursors of %s", topic), Err: err}
 	}
 	return out, nil
 }
@@ -200,11 +212,14 @@ func addCursor(out ferry.Cursors, e jetstream.KeyValueEntry, queues int) error {
 // Forget implements [ferry.CursorGroups]: it purges the group's keys of
 // the topic, tokens included.
 func (s *Store) Forget(ctx context.Context, topic, group string) error {
-	if err := ferry.ValidateCursorArgs(topic, group, 0); err != nil {
-		return ferry.Errorf("ferry: natsstore: forget cursor: %w", err)
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: forget cursor", Err: err}
+	}
+	if err := ferry.ValidateGroupCursorArgs(topic, group, 0); err != nil {
+		return &ferry.Error{Op: "natsstore: forget cursor", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.Errorf("ferry: natsstore: forget cursor: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "natsstore: forget cursor", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -216,7 +231,7 @@ func (s *Store) Forget(ctx context.Context, topic, group string) error {
 		err = s.cursors.Purge(ctx, e.Key())
 	}
 	if err != nil {
-		return ferry.Errorf("ferry: natsstore: forget cursor %s/%s: %w", topic, group, err)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: forget cursor %s/%s", topic, group), Err: err}
 	}
 	return nil
 }

@@ -12,7 +12,11 @@
 //     publish (at most [MaxBatch]), every message carrying its
 //     [ferry.MessageID] as Nats-Msg-Id so that a retried write is not
 //     stored twice (see the Write doc of the queues [Store.OpenQueue]
-//     returns). Reads are direct batch gets. While readers wait at a
+//     returns). The queues are [ferry.AsyncWriter]s: WriteAsync
+//     publishes without waiting for the ack, so
+//     [ferry.Producer.SendAsync] keeps several batches of a queue in
+//     flight on the connection, stored and reported in the order sent.
+//     Reads are direct batch gets. While readers wait at a
 //     queue's end, an ordered consumer of its stream (the tail) is pushed
 //     each new message and hands it to the reader it wakes, with no get;
 //     it stops 10 s after the last reader waited, so a process that only
@@ -59,7 +63,9 @@
 //   - Latency: every write is a round trip to the stream's leader and,
 //     on R3, a replication (measured in the research notes this package
 //     follows: an acknowledged publish p50 32 µs on one server, 131 µs on
-//     three; a KV compare-and-set 26 / 88 µs). Offsets asks the server.
+//     three; a KV compare-and-set 26 / 88 µs). Offsets asks the server
+//     (under the caller's ctx where the broker calls it: see
+//     [ferry.OffsetsContexter]).
 //   - A write whose stream leader goes away is tried again (each try
 //     bounded by [WithOpTimeout]) with the same message IDs, so it is
 //     stored once; a crashed leader stalls writes for the Raft election

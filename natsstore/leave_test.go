@@ -31,9 +31,7 @@ func TestLeaveAfterUnseenRenewal(t *testing.T) {
 			c := tc.c(t)
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
-			prefix := fmt.Sprintf("lu%d", fresh.Add(1))
-			dropDeployment(t, c, prefix)
-			co := openCoordinator(t, c, prefix, natsstore.WithTTL(time.Minute))
+			co := openCoordinator(t, c, fmt.Sprintf("lu%d", fresh.Add(1)), natsstore.WithTTL(time.Minute))
 			defer co.Close()
 			g := ferry.GroupKey{Scope: "g", Topic: "t"}
 			a, err := co.Join(ctx, g, "m-a")

@@ -61,13 +61,12 @@ func serverMain() int {
 // serverProc is one NATS server process; it keeps its name, ports and
 // store dir across restarts.
 type serverProc struct {
-	name         string
-	port, rport  int
-	routes, dir  string
-	cmd          *exec.Cmd
-	stdin        io.WriteCloser
-	done         chan struct{}
-	runningSince time.Time
+	name        string
+	port, rport int
+	routes, dir string
+	cmd         *exec.Cmd
+	stdin       io.WriteCloser
+	done        chan struct{}
 }
 
 func (p *serverProc) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", p.port) }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
@@ -56,12 +57,22 @@ type queue struct {
 	released int64
 	tail     []tailEntry // the tail's latest messages, by sequence (tail.go)
 	tailGen  uint64      // the tail's generation: pushes of another are not kept
+
+	// Asynchronous writes (write_async.go). amu guards the fields below;
+	// awg counts the acker.
+	amu      sync.Mutex
+	inflight []*inflight // published, not yet reported, oldest first
+	acking   bool        // the acker runs
+	aclosed  bool        // Close began: WriteAsync refuses
+	awg      sync.WaitGroup
 }
 
 var (
 	_ ferry.Queue     = (*queue)(nil)
 	_ ferry.TryWriter = (*queue)(nil)
 	_ ferry.Releaser  = (*queue)(nil)
+
+	_ ferry.OffsetsContexter = (*queue)(nil)
 )
 
 // streamConfig maps meta's retention onto a stream.
@@ -104,14 +115,17 @@ func (s *Store) streamConfig(meta ferry.TopicMeta, name, subject string) jetstre
 // runs an ordered consumer of the stream while Reads wait at its end
 // (tail.go).
 func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (ferry.Queue, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: open queue: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: err}
 	}
 	if i < 0 || i >= meta.Queues {
-		return nil, ferry.Errorf("ferry: natsstore: open queue: %w: queue %d of %d", ferry.ErrInvalidTopic, i, meta.Queues)
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: fmt.Errorf("%w: queue %d of %d", ferry.ErrInvalidTopic, i, meta.Queues)}
 	}
 	if s.isClosed() {
-		return nil, ferry.Errorf("ferry: natsstore: open queue: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -124,12 +138,12 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 	q.sc = s.streamConfig(meta, name, q.subject)
 	h, err := s.openStream(ctx, q.sc)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: open queue %s: stream %s: %w", q.id, name, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: open queue %s: stream %s", q.id, name), Err: err}
 	}
 	q.handle = h
 	info, err := askExisting(ctx, s.cfg, func(ctx context.Context) (*jetstream.StreamInfo, error) { return h.Info(ctx) })
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: open queue %s: %w", q.id, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: open queue %s", q.id), Err: err}
 	}
 	q.oldest, q.next = offsetsOf(info.State)
 	if q.meta.Retention.Overflow == ferry.Block {
@@ -137,7 +151,7 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 		q.purgeReq = make(chan struct{}, 1)
 		q.relSub, err = s.js.Conn().Subscribe(q.relSubj, func(*nats.Msg) { signal(q.relWake) })
 		if err != nil {
-			return nil, ferry.Errorf("ferry: natsstore: open queue %s: subscribe: %w", q.id, err)
+			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: open queue %s: subscribe", q.id), Err: err}
 		}
 	}
 	q.ctx, q.cancel = context.WithCancel(context.Background())
@@ -149,7 +163,7 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 	if s.closed {
 		s.mu.Unlock()
 		_ = q.Close()
-		return nil, ferry.Errorf("ferry: natsstore: open queue: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "natsstore: open queue", Err: ferry.ErrClosed}
 	}
 	s.queues[q] = struct{}{}
 	s.mu.Unlock()
@@ -224,6 +238,30 @@ func (q *queue) Offsets() (oldest, next int64) {
 	return q.oldest, q.next
 }
 
+// OffsetsContext implements [ferry.OffsetsContexter]: it asks the server
+// as Offsets does, but under ctx (bounded by the op timeout unless ctx
+// has a deadline), and returns the error instead of what it last knew:
+// the consumer's take and reset, Lag and ResetGroup call it, so a
+// caller's ctx ends their wait and a server that does not answer is an
+// error, not stale offsets. After Close it is [ferry.ErrClosed].
+func (q *queue) OffsetsContext(ctx context.Context) (oldest, next int64, err error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, 0, &ferry.Error{Op: fmt.Sprintf("natsstore: offsets %s", q.id), Err: err}
+	}
+	if q.isClosed() {
+		return 0, 0, &ferry.Error{Op: fmt.Sprintf("natsstore: offsets %s", q.id), Err: ferry.ErrClosed}
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, &ferry.Error{Op: fmt.Sprintf("natsstore: offsets %s", q.id), Err: err}
+	}
+	if err := q.boundedRefresh(ctx); err != nil {
+		return 0, 0, &ferry.Error{Op: fmt.Sprintf("natsstore: offsets %s", q.id), Err: err}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.oldest, q.next, nil
+}
+
 // boundedRefresh is refresh bounded by the op timeout unless ctx has a
 // deadline: a request whose server dies gets no reply.
 func (q *queue) boundedRefresh(ctx context.Context) error {
@@ -245,17 +283,20 @@ func (q *queue) refresh(ctx context.Context) error {
 // offset on, or a direct batch get; at the end it waits for the tail to
 // be pushed a new message.
 func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) (int, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: err}
+	}
 	if q.isClosed() {
-		return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ferry.ErrClosed}
 	}
 	if len(dst) == 0 {
 		return 0, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, err)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: err}
 	}
 	if offset < 0 {
-		return 0, ferry.Errorf("ferry: natsstore: read %s at %d: %w", q.id, offset, ferry.ErrOffsetOutOfRange)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d", q.id, offset), Err: ferry.ErrOffsetOutOfRange}
 	}
 	refreshed, lagged := false, 0
 	for {
@@ -285,13 +326,13 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 					case <-time.After(lagRetryWait):
 						continue
 					case <-q.done:
-						return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+						return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ferry.ErrClosed}
 					case <-ctx.Done():
-						return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
+						return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ctx.Err()}
 					}
 				}
 			}
-			return 0, ferry.Errorf("ferry: natsstore: read %s at %d: %w", q.id, offset, ferry.ErrOffsetOutOfRange)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d", q.id, offset), Err: ferry.ErrOffsetOutOfRange}
 		case offset > next && !refreshed:
 			refreshed = true
 			if err := q.boundedRefresh(ctx); err != nil {
@@ -299,7 +340,7 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			}
 			continue
 		case offset > next:
-			return 0, ferry.Errorf("ferry: natsstore: read %s at %d beyond %d: %w", q.id, offset, next, ferry.ErrOffsetOutOfRange)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d beyond %d", q.id, offset, next), Err: ferry.ErrOffsetOutOfRange}
 		}
 		// The tail wakes us (started now if it is not running); in case
 		// it missed a message (its stream's leader died: it notices only
@@ -314,10 +355,10 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			_ = q.boundedRefresh(ctx) // an error: ask again next time
 		case <-q.done:
 			poll.Stop()
-			return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ferry.ErrClosed}
 		case <-ctx.Done():
 			poll.Stop()
-			return 0, ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ctx.Err()}
 		}
 		poll.Stop()
 	}
@@ -339,11 +380,11 @@ const (
 func (q *queue) readErr(ctx context.Context, err error) error {
 	switch {
 	case q.isClosed():
-		return ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ferry.ErrClosed)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ferry.ErrClosed}
 	case ctx.Err() != nil:
-		return ferry.Errorf("ferry: natsstore: read %s: %w", q.id, ctx.Err())
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: ctx.Err()}
 	}
-	return ferry.Errorf("ferry: natsstore: read %s: %w", q.id, err)
+	return &ferry.Error{Op: fmt.Sprintf("natsstore: read %s", q.id), Err: err}
 }
 
 // get reads up to len(dst) messages from offset on; 0 with no error when
@@ -373,13 +414,13 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 		if off != offset+int64(n) {
 			if n == 0 {
 				q.learn(off, off)
-				return 0, ferry.Errorf("ferry: natsstore: read %s at %d (oldest %d): %w", q.id, offset, off, ferry.ErrOffsetOutOfRange)
+				return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d (oldest %d)", q.id, offset, off), Err: ferry.ErrOffsetOutOfRange}
 			}
 			break
 		}
-		m, _, err := ferry.Decode(raw.Data)
+		m, _, err := codec.Decode(raw.Data)
 		if err != nil {
-			return n, ferry.Errorf("ferry: natsstore: read %s at %d: %w", q.id, off, err)
+			return n, &ferry.Error{Op: fmt.Sprintf("natsstore: read %s at %d", q.id, off), Err: err}
 		}
 		m.Queue, m.Offset = q.id.Queue, off
 		dst[n] = m
@@ -416,6 +457,9 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 // Write returns ctx's error and the batch may have been stored: write the
 // same messages again to learn their offset.
 func (q *queue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
+	if err := checkContext(ctx); err != nil {
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: err}
+	}
 	return q.write(ctx, msgs, true)
 }
 
@@ -429,30 +473,30 @@ func (q *queue) TryWrite(msgs []*ferry.EnhancedMessage) (int64, error) {
 
 func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait bool) (int64, error) {
 	if q.isClosed() {
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrClosed)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrClosed}
 	}
 	size := int64(0)
 	for i, m := range msgs {
 		if m == nil {
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w: message %d is nil", q.id, ferry.ErrInvalidMessage, i)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: message %d is nil", ferry.ErrInvalidMessage, i)}
 		}
 		size += int64(m.Size())
 	}
 	r := q.meta.Retention
 	switch {
 	case len(msgs) > MaxBatch:
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w: batch of %d messages, at most %d", q.id, ferry.ErrMessageTooLarge, len(msgs), MaxBatch)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, at most %d", ferry.ErrMessageTooLarge, len(msgs), MaxBatch)}
 	case r.MaxMessages > 0 && int64(len(msgs)) > r.MaxMessages:
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w: batch of %d messages, retention %d", q.id, ferry.ErrMessageTooLarge, len(msgs), r.MaxMessages)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, retention %d", ferry.ErrMessageTooLarge, len(msgs), r.MaxMessages)}
 	case r.MaxBytes > 0 && size > r.MaxBytes:
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w: batch of %d bytes, retention %d", q.id, ferry.ErrMessageTooLarge, size, r.MaxBytes)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: batch of %d bytes, retention %d", ferry.ErrMessageTooLarge, size, r.MaxBytes)}
 	}
 	if err := ctx.Err(); err != nil {
-		return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+		return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: err}
 	}
 	if len(msgs) == 0 {
 		if err := q.refresh(ctx); err != nil {
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: err}
 		}
 		q.mu.Lock()
 		defer q.mu.Unlock()
@@ -465,7 +509,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 	out := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
 		m.Queue, m.Offset, m.StoreUnixNano = q.id.Queue, 0, now.UnixNano()
-		out[i] = &nats.Msg{Subject: q.subject, Header: nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}, Data: ferry.AppendEncode(nil, m)}
+		out[i] = &nats.Msg{Subject: q.subject, Header: nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}, Data: codec.Append(nil, m)}
 	}
 	for {
 		tctx, tcancel := context.WithTimeout(ctx, q.s.cfg.opTimeout) // one try
@@ -492,7 +536,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 		case isDuplicateBatch(err):
 			first, at, ferr := q.locate(ctx, hint, msgs[0].ID)
 			if ferr != nil {
-				return 0, ferry.Errorf("ferry: natsstore: write %s: a retried batch was stored before, finding it: %w", q.id, ferr)
+				return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s: a retried batch was stored before, finding it", q.id), Err: ferr}
 			}
 			for i, m := range msgs {
 				m.Offset, m.StoreUnixNano = first+int64(i), at
@@ -500,17 +544,17 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 			q.advance(first + int64(len(msgs)))
 			return first, nil
 		case isFull(err) && !wait:
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrQueueFull)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrQueueFull}
 		case isFull(err):
 			if werr := q.waitRoom(ctx); werr != nil {
 				return 0, werr
 			}
 		case isTooLarge(err):
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w: %v", q.id, ferry.ErrMessageTooLarge, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: fmt.Errorf("%w: %v", ferry.ErrMessageTooLarge, err)}
 		case q.isClosed():
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrClosed)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrClosed}
 		case ctx.Err() != nil:
-			return 0, ferry.Errorf("ferry: natsstore: write %s: outcome unknown (%v): %w", q.id, err, ctx.Err())
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s: outcome unknown (%v)", q.id, err), Err: ctx.Err()}
 		case isAmbiguous(err):
 			select {
 			case <-time.After(retryBackoff):
@@ -518,7 +562,7 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 			case <-q.done:
 			}
 		default:
-			return 0, ferry.Errorf("ferry: natsstore: write %s: %w", q.id, err)
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: err}
 		}
 	}
 }
@@ -581,7 +625,7 @@ func (q *queue) find(ctx context.Context, id ferry.MessageID, from jetstreamext.
 			}
 			got++
 			if raw.Header.Get(jetstream.MsgIDHeader) == want {
-				m, _, err := ferry.Decode(raw.Data)
+				m, _, err := codec.Decode(raw.Data)
 				if err != nil {
 					return 0, 0, err
 				}
@@ -605,9 +649,9 @@ func (q *queue) waitRoom(ctx context.Context) error {
 	case <-time.After(time.Second):
 		return nil
 	case <-q.done:
-		return ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ferry.ErrClosed)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrClosed}
 	case <-ctx.Done():
-		return ferry.Errorf("ferry: natsstore: write %s: %w", q.id, ctx.Err())
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ctx.Err()}
 	}
 }
 
@@ -699,6 +743,10 @@ func (q *queue) Close() error {
 			_ = q.relSub.Unsubscribe()
 		}
 		q.wg.Wait()
+		q.amu.Lock()
+		q.aclosed = true
+		q.amu.Unlock()
+		q.awg.Wait() // the acker reports what is in flight: ErrClosed
 		q.s.mu.Lock()
 		delete(q.s.queues, q)
 		q.s.mu.Unlock()

@@ -21,7 +21,6 @@ var (
 	serversMu sync.Mutex
 	single    *cluster
 	triple    *cluster
-	allDirs   []string
 )
 
 func stopServers() {

@@ -3,6 +3,7 @@ package natsstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/ferrymq/ferry"
@@ -98,7 +99,7 @@ func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, ferry.Errorf("ferry: natsstore: bucket %s: %w", full, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: bucket %s", full), Err: err}
 	}
 	kc := jetstream.KeyValueConfig{Bucket: full, Replicas: cfg.replicas, Storage: cfg.storage, History: 1}
 	if ttl {
@@ -119,7 +120,7 @@ func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string
 		}
 	}
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: create bucket %s: %w", full, err)
+		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: create bucket %s", full), Err: err}
 	}
 	return kv, nil
 }

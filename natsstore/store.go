@@ -45,12 +45,15 @@ var (
 // Open returns a Store over js, creating its buckets if they are absent
 // ("<prefix>_topics", "<prefix>_cursors"). ctx bounds the set-up.
 func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: open", Err: err}
+	}
 	cfg, err := newConfig(opts)
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: open: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: open", Err: err}
 	}
 	if js == nil {
-		return nil, ferry.Errorf("ferry: natsstore: open: %w: nil JetStream", ferry.ErrInvalidOption)
+		return nil, &ferry.Error{Op: "natsstore: open", Err: fmt.Errorf("%w: nil JetStream", ferry.ErrInvalidOption)}
 	}
 	s := &Store{cfg: cfg, js: js, queues: map[*queue]struct{}{}}
 	ctx, cancel := cfg.bound(ctx)
@@ -63,7 +66,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 	}
 	for _, kv := range []*jetstream.KeyValue{&s.topics, &s.cursors} {
 		if *kv, err = leaderReads(ctx, js, cfg, *kv); err != nil {
-			return nil, ferry.Errorf("ferry: natsstore: open: %w", err)
+			return nil, &ferry.Error{Op: "natsstore: open", Err: err}
 		}
 	}
 	return s, nil
@@ -110,8 +113,11 @@ func decodeMeta(b []byte) (ferry.TopicMeta, error) {
 
 // Topics implements [ferry.Storage].
 func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, &ferry.Error{Op: "natsstore: topics", Err: err}
+	}
 	if s.isClosed() {
-		return nil, ferry.Errorf("ferry: natsstore: topics: %w", ferry.ErrClosed)
+		return nil, &ferry.Error{Op: "natsstore: topics", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -126,7 +132,7 @@ func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 		out = append(out, m)
 	}
 	if err != nil {
-		return nil, ferry.Errorf("ferry: natsstore: topics: %w", err)
+		return nil, &ferry.Error{Op: "natsstore: topics", Err: err}
 	}
 	slices.SortFunc(out, func(a, b ferry.TopicMeta) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
@@ -134,16 +140,19 @@ func (s *Store) Topics(ctx context.Context) ([]ferry.TopicMeta, error) {
 
 // SaveTopic implements [ferry.Storage].
 func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: save topic", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
-		return ferry.Errorf("ferry: natsstore: save topic: %w", err)
+		return &ferry.Error{Op: "natsstore: save topic", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.Errorf("ferry: natsstore: save topic: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "natsstore: save topic", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
 	if _, err := s.topics.Put(ctx, encodeToken(meta.Name), encodeMeta(meta)); err != nil {
-		return ferry.Errorf("ferry: natsstore: save topic %s: %w", meta.Name, err)
+		return &ferry.Error{Op: fmt.Sprintf("natsstore: save topic %s", meta.Name), Err: err}
 	}
 	return nil
 }
@@ -157,11 +166,14 @@ func (s *Store) SaveTopic(ctx context.Context, meta ferry.TopicMeta) error {
 // other write lands or fails: the create is asked again until either it
 // succeeds or the key is read, or ctx ends.
 func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
+	if err := checkContext(ctx); err != nil {
+		return &ferry.Error{Op: "natsstore: create topic", Err: err}
+	}
 	if err := meta.Validate(); err != nil {
-		return ferry.Errorf("ferry: natsstore: create topic: %w", err)
+		return &ferry.Error{Op: "natsstore: create topic", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.Errorf("ferry: natsstore: create topic: %w", ferry.ErrClosed)
+		return &ferry.Error{Op: "natsstore: create topic", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
@@ -171,7 +183,7 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: err}
 		}
 		have, err := s.topic(ctx, meta.Name)
 		if errors.Is(err, ferry.ErrTopicNotFound) {
@@ -179,14 +191,14 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 			case <-time.After(retryBackoff):
 				continue
 			case <-ctx.Done():
-				return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, ctx.Err())
+				return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: ctx.Err()}
 			}
 		}
 		if err != nil {
-			return ferry.Errorf("ferry: natsstore: create topic %s: %w", meta.Name, err)
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: err}
 		}
 		if have.Normalized() != meta.Normalized() {
-			return ferry.Errorf("ferry: natsstore: create topic %s: %w: have %+v", meta.Name, ferry.ErrTopicExists, have)
+			return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: fmt.Errorf("%w: have %+v", ferry.ErrTopicExists, have)}
 		}
 		return nil
 	}
@@ -194,17 +206,20 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 
 // Topic implements [ferry.SharedStorage].
 func (s *Store) Topic(ctx context.Context, name string) (ferry.TopicMeta, error) {
+	if err := checkContext(ctx); err != nil {
+		return ferry.TopicMeta{}, &ferry.Error{Op: "natsstore: topic", Err: err}
+	}
 	if err := ferry.ValidateTopicName(name); err != nil {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: natsstore: topic: %w", err)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "natsstore: topic", Err: err}
 	}
 	if s.isClosed() {
-		return ferry.TopicMeta{}, ferry.Errorf("ferry: natsstore: topic: %w", ferry.ErrClosed)
+		return ferry.TopicMeta{}, &ferry.Error{Op: "natsstore: topic", Err: ferry.ErrClosed}
 	}
 	ctx, cancel := s.cfg.bound(ctx)
 	defer cancel()
 	m, err := s.topic(ctx, name)
 	if err != nil {
-		return m, ferry.Errorf("ferry: natsstore: topic %s: %w", name, err)
+		return m, &ferry.Error{Op: fmt.Sprintf("natsstore: topic %s", name), Err: err}
 	}
 	return m, nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -156,7 +157,7 @@ func (q *queue) fromTail(offset int64, dst []*ferry.EnhancedMessage) int {
 	q.mu.Unlock()
 	n := 0
 	for _, d := range datas {
-		m, _, err := ferry.Decode(d)
+		m, _, err := codec.Decode(d)
 		if err != nil {
 			break // the server's copy tells (Read asks it)
 		}

@@ -4,10 +4,11 @@ import (
 	"errors"
 	"strings"
 
-	"github.com/ferrymq/ferry"
 	"net"
 	"os"
 	"testing"
+
+	"github.com/ferrymq/ferry"
 )
 
 func mkdirTemp() (string, error) { return os.MkdirTemp("", "natsstore-") }

@@ -78,8 +78,8 @@ func TestWriteRetried(t *testing.T) {
 	}
 }
 
-// TestOptions: bad option values are ErrInvalidOption from the
-// constructors.
+// TestOptions: bad option values, a nil JetStream and a nil context are
+// ErrInvalidOption from the constructors.
 func TestOptions(t *testing.T) {
 	js := singleServer(t).connect(t)
 	for _, o := range []natsstore.Option{
@@ -93,6 +93,10 @@ func TestOptions(t *testing.T) {
 		require.ErrorIs(t, err, ferry.ErrInvalidOption)
 	}
 	_, err := natsstore.Open(context.Background(), nil)
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	_, err = natsstore.Open(nil, js) //lint:ignore SA1012 a nil context is the input under test
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	_, err = natsstore.NewCoordinator(nil, js) //lint:ignore SA1012 a nil context is the input under test
 	require.ErrorIs(t, err, ferry.ErrInvalidOption)
 }
 

@@ -5,7 +5,7 @@
 //	tracing := ferryotel.NewTracing()      // global provider and propagator
 //	metrics, err := ferryotel.NewMetrics() // global meter provider
 //	b, err := ferry.NewBroker(ferry.WithHooks(tracing, metrics))
-//	reg, err := metrics.ObserveLag(b, "orders", "billing")
+//	reg, err := metrics.ObserveLag(b, "billing", "orders")
 //	defer reg.Unregister()
 //
 // Register the hooks on the broker rather than on one consumer
@@ -75,7 +75,7 @@
 //   - ferry.consumer.resets (counter): cursors reset after falling out of
 //     retention.
 //   - ferry.consumer.lag (gauge): per group and queue, for what
-//     [Metrics.ObserveLag] registers.
+//     [Metrics.ObserveLag] and [Metrics.ObserveGroups] register.
 //   - ferry.consumer.buffer.messages, ferry.consumer.buffer.bytes,
 //     ferry.consumer.in_flight and ferry.consumer.buffer.paused (gauges):
 //     per queue a consumer holds, for what [Metrics.ObserveConsumer]

@@ -82,7 +82,7 @@ func printTree(spans []sdktrace.ReadOnlySpan) {
 				case s.SpanKind() == trace.SpanKindProducer && kv.Key == ferryotel.OffsetKey,
 					s.SpanKind() == trace.SpanKindConsumer && kv.Key == ferryotel.AttemptKey,
 					s.SpanKind() == trace.SpanKindInternal && kv.Key == ferryotel.DeadLetterAttemptsKey:
-					line += fmt.Sprintf(" %s=%s", shortKey(kv.Key), kv.Value.Emit())
+					line += fmt.Sprintf(" %s=%s", shortKey(kv.Key), kv.Value.String())
 				}
 			}
 			if s.Status().Description != "" {

@@ -45,11 +45,11 @@ var durationBuckets = []float64{
 
 // Metrics is a [ferry.Hook] that counts and times sends, handler calls,
 // commits, dead letters, rebalances and cursor resets, and reports
-// consumer lag and buffers for what [Metrics.ObserveLag] and
-// [Metrics.ObserveConsumer] register (see the package doc for the
-// instruments and their attributes). It is safe for concurrent use, and
-// holds no goroutine: the observable gauges are read by the meter
-// provider's readers when they collect.
+// consumer lag and buffers for what [Metrics.ObserveLag],
+// [Metrics.ObserveGroups] and [Metrics.ObserveConsumer] register (see the
+// package doc for the instruments and their attributes). It is safe for
+// concurrent use, and holds no goroutine: the observable gauges are read
+// by the meter provider's readers when they collect.
 type Metrics struct {
 	meter metric.Meter
 

@@ -119,7 +119,7 @@ func TestMetricsScriptedRun(t *testing.T) {
 	defer b.Close()
 	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "orders", Queues: 2}))
 
-	reg, err := m.ObserveLag(b, "orders", "g")
+	reg, err := m.ObserveLag(b, "g", "orders")
 	require.NoError(t, err)
 	defer reg.Unregister()
 
@@ -186,8 +186,8 @@ func TestMetricsScriptedRun(t *testing.T) {
 	assert.Equal(t, succeeded, map[string]bool{"ok": true, "flaky": true})
 }
 
-// ObserveLag with no group names every group with a cursor on the topic.
-func TestMetricsObserveLagEveryGroup(t *testing.T) {
+// ObserveGroups reports every group with a cursor on the topic.
+func TestMetricsObserveGroups(t *testing.T) {
 	m, reader := newMetrics(t)
 	ctx := context.Background()
 	b, err := ferry.NewBroker()
@@ -205,7 +205,7 @@ func TestMetricsObserveLagEveryGroup(t *testing.T) {
 	_, err = b.ResetGroup(ctx, "done", "orders", ferry.ResetToLatest())
 	require.NoError(t, err)
 
-	reg, err := m.ObserveLag(b, "orders")
+	reg, err := m.ObserveGroups(b, "orders")
 	require.NoError(t, err)
 	got := collect(t, reader)
 	assert.Equal(t, map[string]int64{"0": 3}, got.gauge(ferryotel.MetricLag, attribute.String("messaging.consumer.group.name", "late")))
@@ -214,7 +214,9 @@ func TestMetricsObserveLagEveryGroup(t *testing.T) {
 	require.NoError(t, reg.Unregister())
 	assert.Nil(t, collect(t, reader).gauge(ferryotel.MetricLag), "nothing observed once unregistered")
 
-	_, err = m.ObserveLag(nil, "orders")
+	_, err = m.ObserveGroups(nil, "orders")
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	_, err = m.ObserveLag(b, "", "orders")
 	require.ErrorIs(t, err, ferry.ErrInvalidOption)
 }
 

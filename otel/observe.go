@@ -10,41 +10,59 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// ObserveLag reports the lag of groups on topic, per queue, as the
-// ferry.consumer.lag gauge: each collection asks b ([ferry.Broker.Lag]).
-// With no group named it reports every group with a cursor on the topic
-// ([ferry.Broker.Groups], which needs a cursor store that lists groups);
-// a broadcast member's cursor is a group of its own,
-// "<group>@<member>". A group named that has neither a cursor nor a live
-// member yet ([ferry.ErrGroupNotFound]) has no series. A collection that fails (the broker closed, the
-// topic deleted) reports nothing for the registration and returns the
-// error to the meter provider, which hands it to the OpenTelemetry error
-// handler: unregister before closing the broker. The registration holds
-// no goroutine; Unregister it when done.
-func (m *Metrics) ObserveLag(b *ferry.Broker, topic string, groups ...string) (metric.Registration, error) {
-	if b == nil || topic == "" {
-		return nil, fmt.Errorf("ferryotel: observe lag: %w: nil broker or empty topic", ferry.ErrInvalidOption)
+// ObserveLag reports the lag of group on topic, per queue, as the
+// ferry.consumer.lag gauge: each collection asks b ([ferry.Broker.Lag]);
+// group comes first, as in every call of Ferry's that takes both. A
+// broadcast member's cursor is a group of its own, "<group>@<member>". A
+// group that has neither a cursor nor a live member yet
+// ([ferry.ErrGroupNotFound]) has no series. A collection that fails (the
+// broker closed, the topic deleted) reports nothing for the registration
+// and returns the error to the meter provider, which hands it to the
+// OpenTelemetry error handler: unregister before closing the broker. The
+// registration holds no goroutine; Unregister it when done. A nil broker
+// or an empty group or topic is [ferry.ErrInvalidOption].
+func (m *Metrics) ObserveLag(b *ferry.Broker, group, topic string) (metric.Registration, error) {
+	if b == nil || group == "" || topic == "" {
+		return nil, fmt.Errorf("ferryotel: observe lag: %w: nil broker, or empty group or topic", ferry.ErrInvalidOption)
 	}
-	groups = append([]string(nil), groups...)
+	return m.observeLag(func(ctx context.Context) ([]ferry.GroupLag, error) {
+		gl, err := b.Lag(ctx, group, topic)
+		if errors.Is(err, ferry.ErrGroupNotFound) {
+			return nil, nil // no cursor and no member yet: no lag series
+		}
+		if err != nil {
+			return nil, fmt.Errorf("ferryotel: observe lag of %q on %q: %w", group, topic, err)
+		}
+		return []ferry.GroupLag{gl}, nil
+	})
+}
+
+// ObserveGroups reports, as [Metrics.ObserveLag] does, the lag of every
+// group with a cursor on topic ([ferry.Broker.Groups], which needs a
+// cursor store that lists groups), as each collection finds them. A nil
+// broker or an empty topic is [ferry.ErrInvalidOption].
+func (m *Metrics) ObserveGroups(b *ferry.Broker, topic string) (metric.Registration, error) {
+	if b == nil || topic == "" {
+		return nil, fmt.Errorf("ferryotel: observe groups: %w: nil broker or empty topic", ferry.ErrInvalidOption)
+	}
+	return m.observeLag(func(ctx context.Context) ([]ferry.GroupLag, error) {
+		lags, err := b.Groups(ctx, topic)
+		if err != nil {
+			return nil, fmt.Errorf("ferryotel: observe lag of %q: %w", topic, err)
+		}
+		return lags, nil
+	})
+}
+
+// observeLag registers the lag gauge over what lags returns at each
+// collection.
+func (m *Metrics) observeLag(lags func(context.Context) ([]ferry.GroupLag, error)) (metric.Registration, error) {
 	return m.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		var lags []ferry.GroupLag
-		if len(groups) == 0 {
-			var err error
-			if lags, err = b.Groups(ctx, topic); err != nil {
-				return fmt.Errorf("ferryotel: observe lag of %q: %w", topic, err)
-			}
+		gls, err := lags(ctx)
+		if err != nil {
+			return err
 		}
-		for _, g := range groups {
-			gl, err := b.Lag(ctx, topic, g)
-			if errors.Is(err, ferry.ErrGroupNotFound) {
-				continue // no cursor and no member yet: no lag series
-			}
-			if err != nil {
-				return fmt.Errorf("ferryotel: observe lag of %q on %q: %w", g, topic, err)
-			}
-			lags = append(lags, gl)
-		}
-		for _, gl := range lags {
+		for _, gl := range gls {
 			for _, ql := range gl.Queues {
 				o.ObserveInt64(m.lag, ql.Lag, metric.WithAttributes(groupQueueAttrs(gl.Group, ql.Queue)...))
 			}

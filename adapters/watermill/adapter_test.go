@@ -221,6 +221,10 @@ func TestBadInput(t *testing.T) {
 	require.ErrorIs(t, pub.Publish("t", nil), ferry.ErrInvalidMessage)
 	_, err = sub.Subscribe(context.Background(), "bad/topic")
 	require.ErrorIs(t, err, ferry.ErrInvalidTopic)
+	_, err = sub.Subscribe(nil, "t") //lint:ignore SA1012 a nil context is the input under test
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	_, ok := ferrywm.DeliveryFrom(nil) //lint:ignore SA1012 a nil context is the input under test
+	assert.False(t, ok)
 	assert.Empty(t, b.Topics(), "bad input creates nothing")
 }
 

@@ -156,8 +156,11 @@ func consumerOptions(cfg SubscriberConfig) []ferry.ConsumerOption {
 // the group in the background; it ends, and the channel closes, when ctx
 // is cancelled or the subscriber closes. Every message must be acked or
 // nacked before the next one comes. After Close it returns an error
-// wrapping [ferry.ErrClosed].
+// wrapping [ferry.ErrClosed]; a nil ctx is [ferry.ErrInvalidOption].
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("ferrywm: subscribe to %q: %w: nil context", topic, ferry.ErrInvalidOption)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -278,7 +281,8 @@ func (sub *subscription) run() {
 	if sub.ephemeral {
 		// Nobody comes back to this group: it must not hold back a topic
 		// with Block overflow. Its cursor stays in the cursor store.
-		if err := sub.b.ForgetGroup(sub.group, sub.topic); err != nil && !errors.Is(err, ferry.ErrClosed) {
+		// sub.ctx is done: what it carries goes on, not its end.
+		if err := sub.b.ForgetGroup(context.WithoutCancel(sub.ctx), sub.group, sub.topic); err != nil && !errors.Is(err, ferry.ErrClosed) {
 			sub.log.Error("ferrywm: forgetting the subscription's group", err, watermill.LogFields{"topic": sub.topic, "group": sub.group})
 		}
 	}
@@ -381,8 +385,11 @@ type deliveryKey struct{}
 // group and member, its attempt number from 1, counted across Nacks,
 // subscriptions and restarts, and the attempts allowed
 // ([SubscriberConfig.MaxAttempts], [math.MaxInt] for unlimited). It
-// reports false for any other context.
+// reports false for any other context, a nil one included.
 func DeliveryFrom(ctx context.Context) (ferry.Delivery, bool) {
+	if ctx == nil {
+		return ferry.Delivery{}, false
+	}
 	d, ok := ctx.Value(deliveryKey{}).(ferry.Delivery)
 	return d, ok
 }

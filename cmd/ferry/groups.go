@@ -47,8 +47,21 @@ func lagOf(topic, group string, committed []int64, offsets [][2]int64) groupLag 
 	return g
 }
 
-// queueOffsets returns each queue's oldest and next offsets.
-func queueOffsets(ctx context.Context, st ferry.Storage, meta ferry.TopicMeta) ([][2]int64, error) {
+// queueOffsets returns each queue's oldest and next offsets, or the
+// damage of a queue (see queueDamage), whose next offset would be the
+// damage's.
+func queueOffsets(ctx context.Context, st readStore, meta ferry.TopicMeta) ([][2]int64, error) {
+	for i := range meta.Queues {
+		if err := queueDamage(ctx, st, meta, i); err != nil {
+			return nil, err
+		}
+	}
+	return offsetsOf(ctx, st, meta)
+}
+
+// offsetsOf returns each queue's oldest and next offsets as its Offsets
+// says.
+func offsetsOf(ctx context.Context, st ferry.Storage, meta ferry.TopicMeta) ([][2]int64, error) {
 	out := make([][2]int64, meta.Queues)
 	for i := range out {
 		q, err := st.OpenQueue(ctx, meta, i)
@@ -144,7 +157,7 @@ func (a *app) groupsCmd() *cobra.Command {
 
 func (a *app) lagCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "lag TOPIC GROUP",
+		Use:   "lag GROUP TOPIC",
 		Short: "Show a group's lag on a topic, per queue and in total",
 		Long: `lag shows, per queue, the group's committed offset (the next it consumes),
 the oldest retained and next offsets, and the lag: next - committed, or
@@ -152,8 +165,8 @@ next - oldest where the committed offset fell below the retained range
 (marked "behind": messages dropped unread) or where nothing is committed
 ("-": the whole retained queue; where a group with no cursor starts
 depends on its consumers' StartFrom).`,
-		Example: `  ferry --store ./data lag orders billing
-  ferry --store ./data lag orders billing --json`,
+		Example: `  ferry --store ./data lag billing orders
+  ferry --store ./data lag billing orders --json`,
 		Args: nArgs(2, 2),
 		RunE: func(c *cobra.Command, args []string) error {
 			ctx := ctxOf(c)
@@ -162,7 +175,8 @@ depends on its consumers' StartFrom).`,
 				return err
 			}
 			defer st.Close()
-			meta, err := topicMeta(ctx, st, args[0])
+			group, topic := args[0], args[1]
+			meta, err := topicMeta(ctx, st, topic)
 			if err != nil {
 				return err
 			}
@@ -170,15 +184,15 @@ depends on its consumers' StartFrom).`,
 			if err != nil {
 				return err
 			}
-			g, ok := cur.Groups[args[1]]
+			g, ok := cur.Groups[group]
 			if !ok {
-				return fmt.Errorf("group %q has no cursor on topic %q", args[1], meta.Name)
+				return fmt.Errorf("group %q has no cursor on topic %q", group, meta.Name)
 			}
 			offs, err := queueOffsets(ctx, st, meta)
 			if err != nil {
 				return err
 			}
-			l := lagOf(meta.Name, args[1], g.Offsets, offs)
+			l := lagOf(meta.Name, group, g.Offsets, offs)
 			if a.json {
 				return writeJSON(a.stdout, l)
 			}

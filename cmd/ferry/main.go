@@ -6,8 +6,9 @@
 // that owns the store runs. Commands that write (send, reset) open the
 // store as its owner and are refused while another process holds it.
 //
-// Exit status: 0 success, 1 error, 2 usage error, 3 damage found by
-// verify.
+// Exit status: 0 success, 1 error, 2 usage error, 3 damage found (by
+// verify, or by any command that met it: an error wrapping
+// [ferry.ErrCorrupt]).
 package main
 
 import (
@@ -19,6 +20,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/ferrymq/ferry"
 )
 
 // Exit statuses.
@@ -57,8 +60,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	var ee *exitErr
 	code := exitError
-	if errors.As(err, &ee) {
+	switch {
+	case errors.As(err, &ee):
 		code = ee.code
+	case errors.Is(err, ferry.ErrCorrupt):
+		code = exitDamage
 	}
 	if !errors.Is(err, errSilent) {
 		fmt.Fprintln(stderr, "ferry:", strings.TrimPrefix(err.Error(), "ferry: "))

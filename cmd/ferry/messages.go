@@ -117,7 +117,7 @@ func (p *printer) print(m *ferry.EnhancedMessage) error {
 		j := msgJSON{Topic: m.Topic, Queue: m.Queue, Offset: m.Offset, Key: m.Key, Tag: m.Tag, Headers: m.Headers, Body: p.bodyJSON(m.Body)}
 		if !p.a.noTimes {
 			bt, st := m.BornTime().UTC(), m.StoreTime().UTC()
-			j.ID, j.BornTime, j.StoreTime, j.Producer, j.BornAddress = m.ID.String(), &bt, &st, m.Producer(), m.BornAddress()
+			j.ID, j.BornTime, j.StoreTime, j.Producer, j.BornAddress = m.ID.String(), &bt, &st, m.ProducerName(), m.BornHost()
 		}
 		b, err := json.Marshal(j)
 		if err != nil {
@@ -234,6 +234,7 @@ func (a *app) read(c *cobra.Command, topic string, o *readOpts, tail bool) error
 	type start struct {
 		q        ferry.Queue
 		from, to int64
+		damage   error // where the queue's readable messages end, if they end at damage
 	}
 	var starts []start
 	for _, i := range queues {
@@ -242,14 +243,21 @@ func (a *app) read(c *cobra.Command, topic string, o *readOpts, tail bool) error
 			return err
 		}
 		defer q.Close()
+		damage := queueDamage(ctx, st, meta, i)
+		if damage != nil && !errors.Is(damage, ferry.ErrCorrupt) {
+			return damage
+		}
 		oldest, next := q.Offsets()
 		from := max(oldest, next-int64(o.lines))
 		if pos != nil {
 			if from, err = pos.resolve(ctx, q); err != nil {
+				if damage != nil { // the offsets from next on lie beyond it
+					return damage
+				}
 				return err
 			}
 		}
-		starts = append(starts, start{q: q, from: from, to: next})
+		starts = append(starts, start{q: q, from: from, to: next, damage: damage})
 	}
 	p := &printer{a: a, w: a.stdout, body: o.body, now: a.now()}
 	printed := 0
@@ -281,6 +289,9 @@ func (a *app) read(c *cobra.Command, topic string, o *readOpts, tail bool) error
 						return nil
 					}
 				}
+			}
+			if s.damage != nil {
+				return s.damage
 			}
 		}
 		return nil

@@ -14,15 +14,17 @@ func (a *app) resetCmd() *cobra.Command {
 		dryRun bool
 	)
 	c := &cobra.Command{
-		Use:   "reset GROUP TOPIC --to earliest|latest|offset:N|time:RFC3339",
+		Use:   "reset GROUP TOPIC --to earliest|latest|offset:N|time:RFC3339|-DURATION",
 		Short: "Move a consumer group's cursor on a topic",
 		Long: `reset commits a new cursor for GROUP on each queue of TOPIC (or --queue):
 earliest (the oldest retained offset), latest (the next offset: skip
-everything), offset:N, or time:RFC3339 (the first message stored at or after
-that time; found by reading each queue from its oldest message, a scan linear
-in the queue's length). It opens the store as its owner, so it is refused
-while another process, a running consumer's included, has it open.`,
+everything), offset:N, time:RFC3339, or a duration ago (-30s, -5m, -2h; or
+time:-30s): the first message stored at or after that time, found by
+reading each queue from its oldest message, a scan linear in the queue's
+length. It opens the store as its owner, so it is refused while another
+process, a running consumer's included, has it open.`,
 		Example: `  ferry --store ./data reset billing orders --to earliest
+  ferry --store ./data reset billing orders --to -30s
   ferry --store ./data reset billing orders --to time:2026-01-02T15:04:05Z --dry-run
   ferry --store ./data reset billing orders --to offset:120 --queue 0`,
 		Args: nArgs(2, 2),
@@ -30,7 +32,7 @@ while another process, a running consumer's included, has it open.`,
 			ctx := ctxOf(c)
 			group, topic := args[0], args[1]
 			if to == "" {
-				return usageErrorf("reset: --to is required (earliest, latest, offset:N or time:RFC3339)")
+				return usageErrorf("reset: --to is required (earliest, latest, offset:N, time:RFC3339 or a duration ago, -30s)")
 			}
 			pos, err := parsePosition(to, a.now())
 			if err != nil {
@@ -105,7 +107,7 @@ while another process, a running consumer's included, has it open.`,
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&to, "to", "", "earliest, latest, offset:N or time:RFC3339 (required)")
+	f.StringVar(&to, "to", "", "earliest, latest, offset:N, time:RFC3339 or a duration ago (-30s) (required)")
 	f.IntVar(&queue, "queue", -1, "reset only this queue")
 	f.BoolVar(&dryRun, "dry-run", false, "show what would change, commit nothing")
 	return c

@@ -37,9 +37,10 @@ open the store as its owner and are refused while another process holds it.
 The store is a directory, given with --store DIR or --store file:///DIR,
 or in the environment variable FERRY_STORE.
 
-Exit status: 0 success, 1 error, 2 usage error, 3 damage found by verify.`,
+Exit status: 0 success, 1 error, 2 usage error, 3 damage found (by verify,
+or by any command that met it: the owner's next Open refuses the store).`,
 		Example: `  ferry --store /var/lib/app/ferry topics
-  ferry --store /var/lib/app/ferry lag orders billing
+  ferry --store /var/lib/app/ferry lag billing orders
   ferry --store /var/lib/app/ferry tail -f orders --tag urgent
   echo '{"id":1}' | ferry --store ./data send orders --create --queues 4`,
 		SilenceUsage:  true,

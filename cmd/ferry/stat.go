@@ -3,20 +3,27 @@ package main
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/ferrymq/ferry"
 )
 
 func (a *app) statCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "stat",
-		Short: "Show the store's sizes and counts, and what its next Open would repair",
+		Short: "Show the store's sizes and counts, and what its next Open would repair or refuse",
 		Long: `stat sums up the store: topics, queues, messages, segment and index files,
 cursors and groups; and lists what the owner's next Open would repair by
 itself: bytes after the last frame of a newest segment (while the owner runs,
 space reserved ahead of its writes; after a crash, a torn tail), cursors
-outside their queue's retained range. It reads no frame beyond what it needs
-to find the offsets; verify checks every one.`,
+outside their queue's retained range. Damage that the next Open refuses (a
+bad frame with intact ones after it, told from a torn tail as Open tells it)
+is listed instead, with its file and byte, and stat exits with status 3; the
+message count then stops at the damage. It reads no frame beyond what it
+needs to find the offsets and judge the tails; verify checks every one.`,
 		Example: `  ferry --store ./data stat
   ferry --store ./data stat --json`,
 		Args: nArgs(0, 0),
@@ -40,6 +47,10 @@ to find the offsets; verify checks every one.`,
 				Cursors     int      `json:"cursors"`
 				Groups      int      `json:"groups"`
 				Recovery    []string `json:"recovery"`
+				// Damaged: the next Open refuses the store; Messages
+				// stops at the damage, Damage lists it.
+				Damaged bool     `json:"damaged,omitempty"`
+				Damage  []string `json:"damage,omitempty"`
 			}
 			loc, _ := a.location()
 			s := statJSON{Dir: loc.Path, Recovery: []string{}}
@@ -53,7 +64,7 @@ to find the offsets; verify checks every one.`,
 			groups := map[string]bool{}
 			for _, meta := range metas {
 				s.Topics++
-				offs, err := queueOffsets(ctx, st, meta)
+				offs, err := offsetsOf(ctx, st, meta)
 				if err != nil {
 					return err
 				}
@@ -65,6 +76,10 @@ to find the offsets; verify checks every one.`,
 						if err != nil {
 							return err
 						}
+						if err := segmentDamage(ferry.QueueID{Topic: meta.Name, Queue: i}, segs); err != nil {
+							s.Damaged = true
+							s.Damage = append(s.Damage, strings.TrimPrefix(err.Error(), "ferry: "))
+						}
 						for j, sg := range segs {
 							s.Segments++
 							s.SegmentSize += sg.Bytes
@@ -72,10 +87,8 @@ to find the offsets; verify checks every one.`,
 								s.Indexes++
 								s.IndexSize += sg.IndexBytes
 							}
-							if tail := sg.Bytes - sg.Frames; tail > 0 && j == len(segs)-1 {
+							if tail := sg.Bytes - sg.Frames; tail > 0 && j == len(segs)-1 && !sg.Damage {
 								s.Recovery = append(s.Recovery, fmt.Sprintf("%s: cut %d bytes after the last frame (space reserved while the owner writes, or a torn tail)", sg.File, tail))
-							} else if tail > 0 || sg.TailErr != nil && sg.Sealed {
-								s.Recovery = append(s.Recovery, fmt.Sprintf("%s: damage at byte %d (run verify)", sg.File, sg.Frames))
 							}
 							if sg.Sealed && sg.IndexBytes == 0 {
 								s.Recovery = append(s.Recovery, fmt.Sprintf("%s: rebuild the missing index", sg.File))
@@ -101,16 +114,34 @@ to find the offsets; verify checks every one.`,
 				}
 			}
 			s.Groups = len(groups)
+			if s.Damaged { // it repairs nothing then
+				s.Recovery = []string{}
+			}
+			damaged := &exitErr{code: exitDamage, err: fmt.Errorf("damage found in %s: the next Open refuses the store (ferry verify lists every problem)", s.Dir)}
 			if a.json {
-				return writeJSON(a.stdout, s)
+				if err := writeJSON(a.stdout, s); err != nil || !s.Damaged {
+					return err
+				}
+				return damaged
 			}
 			id := ""
 			if s.ID != "" {
 				id = " (id " + s.ID + ")"
 			}
-			fmt.Fprintf(a.stdout, "store:     %s%s\ntopics:    %d\nqueues:    %d\nmessages:  %d\nsegments:  %d, %s\nindexes:   %d, %s\ntotal:     %s\ncursors:   %d, of %d groups\n",
-				s.Dir, id, s.Topics, s.Queues, s.Messages, s.Segments, humanBytes(s.SegmentSize), s.Indexes, humanBytes(s.IndexSize),
+			msgs := strconv.FormatInt(s.Messages, 10)
+			if s.Damaged {
+				msgs = "at least " + msgs + " (damage hides the rest: see recovery)"
+			}
+			fmt.Fprintf(a.stdout, "store:     %s%s\ntopics:    %d\nqueues:    %d\nmessages:  %s\nsegments:  %d, %s\nindexes:   %d, %s\ntotal:     %s\ncursors:   %d, of %d groups\n",
+				s.Dir, id, s.Topics, s.Queues, msgs, s.Segments, humanBytes(s.SegmentSize), s.Indexes, humanBytes(s.IndexSize),
 				humanBytes(s.SegmentSize+s.IndexSize), s.Cursors, s.Groups)
+			if s.Damaged {
+				fmt.Fprintln(a.stdout, "recovery:  the next open refuses the store:")
+				for _, d := range s.Damage {
+					fmt.Fprintln(a.stdout, "  - DAMAGE:", d)
+				}
+				return damaged
+			}
 			if len(s.Recovery) == 0 {
 				fmt.Fprintln(a.stdout, "recovery:  nothing to repair at the next open")
 				return nil

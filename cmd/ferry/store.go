@@ -67,6 +67,34 @@ type segmentLister interface {
 	Segments(ctx context.Context, topic string, queue int) ([]filestore.SegmentInfo, error)
 }
 
+// queueDamage returns the damage in the files of queue i of meta, as the
+// owner's Open would find it (the first damaged segment's error, which
+// wraps [ferry.ErrCorrupt] and names the file and byte), or nil. Figures
+// read from a damaged queue stop at the damage: a command shows this
+// instead. A store without files shows none.
+func queueDamage(ctx context.Context, st readStore, meta ferry.TopicMeta, i int) error {
+	sl, ok := st.(segmentLister)
+	if !ok {
+		return nil
+	}
+	segs, err := sl.Segments(ctx, meta.Name, i)
+	if err != nil {
+		return err
+	}
+	return segmentDamage(ferry.QueueID{Topic: meta.Name, Queue: i}, segs)
+}
+
+// segmentDamage returns the damage of the first damaged one of the
+// segments of queue id, or nil.
+func segmentDamage(id ferry.QueueID, segs []filestore.SegmentInfo) error {
+	for _, s := range segs {
+		if s.Damage {
+			return fmt.Errorf("%s: %w", id, s.TailErr)
+		}
+	}
+	return nil
+}
+
 // openRead opens the store at loc for reading, without its lock.
 func openRead(loc location) (readStore, error) {
 	st, err := filestore.OpenReadOnly(loc.Path)

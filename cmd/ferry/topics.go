@@ -40,6 +40,9 @@ func statQueue(ctx context.Context, st readStore, meta ferry.TopicMeta, i int, n
 		if err != nil {
 			return queueStat{}, err
 		}
+		if err := segmentDamage(q.ID(), segs); err != nil {
+			return queueStat{}, err
+		}
 		for j, s := range segs {
 			qs.Segments++
 			qs.Bytes += s.Bytes + s.IndexBytes

@@ -20,7 +20,7 @@ placed B-1 for bob
 placed A-2 for alice
 write attempts:
   orders[1] A-1: ok
-  orders[0] B-1: failed: ferrytest: write orders[0] (storage call 2): disk full
+  orders[0] B-1: failed: ferry: ferrytest: write orders[0] (storage call 2): disk full
   orders[0] B-1: ok
   orders[1] A-2: ok
 published:

@@ -1,4 +1,10 @@
-package ferry
+// Package codec is Ferry's binary encoding of a message, for stores that
+// keep messages as bytes (filestore's frames, natsstore's stream messages)
+// and for brokers of your own: [Append] encodes, [Decode] reads back,
+// [Size] is the length without encoding. The encoding is versioned
+// ([Version]); bytes written by one version of Ferry are read by later
+// ones.
+package codec
 
 import (
 	"encoding/binary"
@@ -7,19 +13,21 @@ import (
 	"math"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/ferrymq/ferry"
 )
 
-// CodecVersion is the first byte of every encoded message.
-const CodecVersion = 1
+// Version is the first byte of every encoded message.
+const Version = 1
 
 // noTime encodes the zero time.Time.
 const noTime = math.MinInt64
 
-// AppendEncode appends the binary encoding of m to dst and returns the
+// Append appends the binary encoding of m to dst and returns the
 // extended slice. The encoding is versioned: a version byte, the 16-byte ID,
 // then varints and length-prefixed bytes. [Decode] reads it back.
-func AppendEncode(dst []byte, m *EnhancedMessage) []byte {
-	dst = append(dst, CodecVersion)
+func Append(dst []byte, m *ferry.EnhancedMessage) []byte {
+	dst = append(dst, Version)
 	dst = append(dst, m.ID[:]...)
 	dst = binary.AppendUvarint(dst, uint64(m.Queue))
 	dst = binary.AppendVarint(dst, m.Offset)
@@ -28,8 +36,8 @@ func AppendEncode(dst []byte, m *EnhancedMessage) []byte {
 	dst = appendString(dst, m.Topic)
 	dst = appendString(dst, m.Key)
 	dst = appendString(dst, m.Tag)
-	dst = appendString(dst, m.BornAddress())
-	dst = appendString(dst, m.Producer())
+	dst = appendString(dst, m.BornHost())
+	dst = appendString(dst, m.ProducerName())
 	dst = binary.AppendUvarint(dst, uint64(len(m.Headers)))
 	for k, v := range m.Headers {
 		dst = appendString(dst, k)
@@ -39,11 +47,11 @@ func AppendEncode(dst []byte, m *EnhancedMessage) []byte {
 	return append(dst, m.Body...)
 }
 
-// EncodedSize returns len(AppendEncode(nil, m)) without encoding.
-func EncodedSize(m *EnhancedMessage) int {
+// Size returns len(Append(nil, m)) without encoding.
+func Size(m *ferry.EnhancedMessage) int {
 	n := 1 + len(m.ID) + uvarintLen(uint64(m.Queue)) + varintLen(m.Offset) +
 		timeLen(m.BornUnixNano) + timeLen(m.StoreUnixNano) +
-		strLen(m.Topic) + strLen(m.Key) + strLen(m.Tag) + strLen(m.BornAddress()) + strLen(m.Producer()) +
+		strLen(m.Topic) + strLen(m.Key) + strLen(m.Tag) + strLen(m.BornHost()) + strLen(m.ProducerName()) +
 		uvarintLen(uint64(len(m.Headers))) + uvarintLen(uint64(len(m.Body))) + len(m.Body)
 	for k, v := range m.Headers {
 		n += strLen(k) + strLen(v)
@@ -58,13 +66,13 @@ const maxHeaderHint = 64
 // number of bytes it used. Every length is checked against the bytes left
 // before anything is allocated, so a corrupt input allocates nothing but
 // its error, and a valid one about len(b) plus the headers' map; it
-// returns an error wrapping [ErrCorrupt] and never panics. The message
+// returns an error wrapping [ferry.ErrCorrupt] and never panics. The message
 // does not alias b.
-func Decode(b []byte) (*EnhancedMessage, int, error) {
+func Decode(b []byte) (*ferry.EnhancedMessage, int, error) {
 	d := decoder{b: b}
-	m := new(EnhancedMessage)
-	if v := d.byte(); d.err == nil && v != CodecVersion {
-		return nil, 0, fmt.Errorf("%w: codec version %d, want %d", ErrCorrupt, v, CodecVersion)
+	m := new(ferry.EnhancedMessage)
+	if v := d.byte(); d.err == nil && v != Version {
+		return nil, 0, fmt.Errorf("%w: codec version %d, want %d", ferry.ErrCorrupt, v, Version)
 	}
 	copy(m.ID[:], d.bytes(len(m.ID)))
 	q := d.uvarint()
@@ -127,7 +135,7 @@ type decoder struct {
 
 func (d *decoder) fail(what string) {
 	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s at byte %d", ErrCorrupt, what, d.off)
+		d.err = fmt.Errorf("%w: %s at byte %d", ferry.ErrCorrupt, what, d.off)
 	}
 }
 
@@ -241,14 +249,14 @@ func timeLen(ns int64) int {
 // originCache holds decoded Origins, so that decoded messages of one
 // producer share one as sent messages do, instead of each carrying its
 // own: a direct-mapped table, one slot per hash of the producer and host.
-var originCache [32]atomic.Pointer[Origin]
+var originCache [32]atomic.Pointer[ferry.Origin]
 
 var originSeed = maphash.MakeSeed()
 
-// internOrigin returns an Origin for producer and host (nil if both are
+// internOrigin returns an ferry.Origin for producer and host (nil if both are
 // empty), from originCache when it holds one, else a new one it caches.
-// The Origin does not alias the arguments.
-func internOrigin(producer, host []byte) *Origin {
+// The ferry.Origin does not alias the arguments.
+func internOrigin(producer, host []byte) *ferry.Origin {
 	if len(producer) == 0 && len(host) == 0 {
 		return nil
 	}
@@ -261,7 +269,7 @@ func internOrigin(producer, host []byte) *Origin {
 	if o := slot.Load(); o != nil && o.Producer == string(producer) && o.Host == string(host) {
 		return o
 	}
-	o := &Origin{Producer: string(producer), Host: string(host)}
+	o := &ferry.Origin{Producer: string(producer), Host: string(host)}
 	slot.Store(o)
 	return o
 }

@@ -1,0 +1,272 @@
+package ferry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Committing: a held queue's cursor is loaded when the queue is taken
+// and committed as messages finish (the smallest unfinished offset),
+// fenced by the lease's token where the store can.
+
+// commitCursor commits off for r's queue, fenced by the lease's token
+// when the store can; ErrFenced loses the queue.
+func (r *queueRun) commitCursor(ctx context.Context, off int64) error {
+	m := r.m
+	var err error
+	if r.cslot != nil {
+		err = r.cslot.commit(off, r.lease.Token())
+		if errors.Is(err, ErrFenced) {
+			r.lose()
+		}
+	} else if fs, ok := m.b.cursors.(FencedCursorStore); ok {
+		err = fs.CommitFenced(ctx, m.topic, m.scope, r.q, off, r.lease.Token())
+		if errors.Is(err, ErrFenced) {
+			r.lose()
+		}
+	} else {
+		err = m.b.cursors.Commit(ctx, m.topic, m.scope, r.q, off)
+	}
+	return err
+}
+
+// load reads the committed cursor, picks the start offset (WithStartFrom
+// without a cursor, a reset outside the retained range) and commits it.
+func (r *queueRun) load() (int64, error) {
+	m := r.m
+	offs, err := m.b.cursors.Load(r.ctx, m.topic, m.scope, len(r.t.queues))
+	if err != nil {
+		return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
+	}
+	if _, listed := m.b.cursors.(CursorGroups); !listed || r.t.meta.Retention.Overflow == Block {
+		// Block queues' releases, and ForgetGroup over a store that
+		// cannot list its groups, need to know the group reads the topic.
+		m.b.groups.register(m.topic, m.scope, offs)
+	}
+	if ms, ok := m.b.cursors.(*MemoryCursorStore); ok {
+		r.cslot = ms.slot(m.topic, m.scope, r.q)
+	}
+	cur := offs[r.q]
+	oldest, next, err := queueOffsets(r.ctx, r.queue)
+	if err != nil {
+		return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
+	}
+	start := cur
+	switch {
+	case cur < 0 && m.cfg.startFrom == Latest:
+		start = next
+	case cur < 0:
+		start = oldest
+	case cur < oldest || cur > next:
+		start = r.resetTo(cur, oldest, next)
+	}
+	if start != cur {
+		began := time.Now()
+		err := r.commitCursor(r.ctx, start)
+		m.recordCommit(time.Since(began))
+		if err != nil {
+			return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
+		}
+	}
+	r.commitMu.Lock()
+	r.committed = start
+	r.commitMu.Unlock()
+	r.releaseBlocked(start)
+	return start, nil
+}
+
+// resetTo returns where a consumer at offset from, outside the retained
+// range [oldest, next], goes on, and reports the reset.
+func (r *queueRun) resetTo(from, oldest, next int64) int64 {
+	to := oldest
+	if from > next {
+		to = next
+	}
+	m := r.m
+	m.b.log.Warn("ferry: cursor reset", "group", m.scope, "queue", r.id.String(), "from", from, "to", to)
+	if m.cfg.onReset != nil {
+		m.cfg.onReset(r.id, from, to)
+	}
+	m.hooks.onReset(m.scope, r.id, from, to)
+	return to
+}
+
+// commit stores the buffer's committable offset if it moved. final marks
+// the run released: no commit from it follows, so a slow committer cannot
+// move the cursor back after the next owner took the queue.
+func (r *queueRun) commit(final bool) error {
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	return r.commitLocked(final)
+}
+
+// tryCommit is commit(false) unless another goroutine is committing r
+// (false): that one, or the committer, commits what is finished.
+func (r *queueRun) tryCommit() bool {
+	if !r.commitMu.TryLock() {
+		return false
+	}
+	defer r.commitMu.Unlock()
+	if err := r.commitLocked(false); err != nil {
+		r.m.report(err)
+	}
+	return true
+}
+
+// commitLocked is commit; r.commitMu is held.
+func (r *queueRun) commitLocked(final bool) error {
+	if r.released || !r.owned.Load() || r.lost.Load() {
+		return nil
+	}
+	if final {
+		r.released = true
+	}
+	off := r.buf.Committable()
+	if off == r.committed {
+		return nil
+	}
+	m := r.m
+	start := time.Now()
+	err := r.commitCursor(context.Background(), off)
+	took := time.Since(start)
+	m.recordCommit(took)
+	if m.hooks != nil {
+		m.hooks.onCommitted(CommitEvent{Group: m.scope, Member: m.cfg.memberID, Queue: r.id, Offset: off, Took: took, Err: err})
+	}
+	if err != nil {
+		return &Error{Op: fmt.Sprintf("commit %s at %d", r.id, off), Err: err}
+	}
+	r.committed = off
+	m.lastCommit.Store(time.Now().UnixNano())
+	r.releaseBlocked(off)
+	return nil
+}
+
+// releaseBlocked lets a Block queue drop what every group is done with.
+func (r *queueRun) releaseBlocked(off int64) {
+	m := r.m
+	if r.t.meta.Retention.Overflow != Block {
+		return
+	}
+	rel, ok := r.queue.(Releaser)
+	if !ok {
+		return
+	}
+	low, err := m.b.groups.releaseTo(context.Background(), r.t, m.scope, r.q, off)
+	if err != nil {
+		m.report(&Error{Op: fmt.Sprintf("release %s", r.id), Err: err})
+		return
+	}
+	rel.Release(low)
+}
+
+// fastCursors reports whether the cursor store commits in about a
+// microsecond: this package's memory store, or one measured so.
+func (m *groupMember) fastCursors() bool {
+	if _, ok := m.b.cursors.(*MemoryCursorStore); ok {
+		return true
+	}
+	return m.b.groups.commitCost.Load() <= int64(inlineCommitMax)
+}
+
+// inlineCommitMax is the longest a cursor commit may take, on average, for
+// workers to commit in place rather than wake the committer goroutine.
+const inlineCommitMax = 20 * time.Microsecond
+
+// finished is called once messages of r are marked done: it commits r's
+// cursor in the caller's goroutine when the cursor store has been fast
+// (a memory store: a wake-up of the committer costs more than the
+// commit) and no one else is committing r, and wakes the committer
+// otherwise (a store on disk, say, whose commits must not hold up the
+// handlers).
+func (m *groupMember) finished(r *queueRun) {
+	if m.fastCursors() && r.tryCommit() {
+		return
+	}
+	m.markDirty()
+}
+
+// recordCommit folds the duration of a cursor commit into commitCost.
+func (m *groupMember) recordCommit(d time.Duration) {
+	c := &m.b.groups.commitCost
+	old := c.Load()
+	c.Store(old + (int64(d)-old)/2)
+}
+
+// markDirty wakes the committer, starting it the first time.
+func (m *groupMember) markDirty() {
+	select {
+	case m.dirty <- struct{}{}:
+	default:
+	}
+	if !m.committing.Load() {
+		m.mu.Lock()
+		if !m.committing.Load() && !m.halted && m.state == memberStarted {
+			m.committing.Store(true)
+			m.wg.Add(1) // before halted is set, the membership loop holds the count above zero
+			go m.committer()
+		}
+		m.mu.Unlock()
+	}
+}
+
+// retire ends an idle committer, unless a markDirty came meanwhile that
+// saw it running (then it goes on: true). markDirty marks dirty and then
+// reads committing; retire clears committing and then reads dirty, so one
+// of the two sees the other.
+func (m *groupMember) retire() bool {
+	m.committing.Store(false)
+	select {
+	case <-m.dirty:
+	default:
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.committing.Load() || m.halted {
+		select { // another committer took over, or none is needed
+		case m.dirty <- struct{}{}:
+		default:
+		}
+		return false
+	}
+	m.committing.Store(true)
+	return true
+}
+
+// committer commits the cursors of owned queues whenever they may have
+// moved, until every queue is released or it has been idle for
+// workerIdle (the next markDirty starts it again).
+func (m *groupMember) committer() {
+	defer m.wg.Done()
+	var runs []*queueRun
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		select {
+		case <-m.dirty:
+			idle.Reset(workerIdle)
+		case <-m.halt:
+			return // every run committed its last offset on release
+		case <-idle.C:
+			if !m.retire() {
+				return
+			}
+			idle.Reset(workerIdle)
+		}
+		m.mu.Lock()
+		runs = runs[:0]
+		for _, r := range m.runs {
+			runs = append(runs, r)
+		}
+		m.mu.Unlock()
+		for _, r := range runs {
+			if err := r.commit(false); err != nil {
+				m.report(err)
+			}
+		}
+		clear(runs)
+	}
+}
