@@ -2,6 +2,7 @@ package natsstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/ferrymq/ferry/natsstore"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 var fresh atomic.Int64
@@ -35,11 +37,17 @@ func openStore(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option
 	return s
 }
 
+// runSuites runs the Queue, Storage and CursorStore suites on c. Each
+// subtest's deployment is dropped when it ends (see dropDeployment): the
+// servers live as long as the process, and with -count=20 the streams
+// and buckets left behind (thousands, each a Raft group on the cluster)
+// slowed every request past the op timeout.
 func runSuites(t *testing.T, c *cluster) {
 	opts := suiteOpts(c)
 	t.Run("Queue", func(t *testing.T) {
 		ferrytest.TestQueue(t, features, func(t *testing.T, meta ferry.TopicMeta, i int) ferry.Queue {
 			prefix := fmt.Sprintf("q%d", fresh.Add(1))
+			dropDeployment(t, c, prefix) // after the store's and the suite's cleanups
 			s := openStore(t, c, prefix, opts...)
 			t.Cleanup(func() { _ = s.Close() })
 			q, err := s.OpenQueue(context.Background(), meta, i)
@@ -51,11 +59,13 @@ func runSuites(t *testing.T, c *cluster) {
 	})
 	t.Run("Storage", func(t *testing.T) {
 		ferrytest.TestStorage(t, features, func(t *testing.T, dir string) ferry.Storage {
+			dropDeployment(t, c, prefixFor(dir)) // a reopen within the subtest finds it
 			return openStore(t, c, prefixFor(dir), opts...)
 		})
 	})
 	t.Run("CursorStore", func(t *testing.T) {
 		ferrytest.TestCursorStore(t, features, func(t *testing.T, dir string) ferry.CursorStore {
+			dropDeployment(t, c, prefixFor(dir))
 			return openStore(t, c, prefixFor(dir), opts...)
 		})
 	})
@@ -114,6 +124,7 @@ func runCoordinatorSuite(t *testing.T, c *cluster) {
 	}
 	ferrytest.TestCoordinator(t, f, func(t *testing.T) ferry.Coordinator {
 		prefix := fmt.Sprintf("c%d", fresh.Add(1))
+		dropDeployment(t, c, prefix) // as in runSuites
 		co := openCoordinator(t, c, prefix, opts...)
 		prefixes.Store(co, prefix)
 		return co
@@ -177,7 +188,10 @@ func dropDeployment(t *testing.T, c *cluster, prefix string) {
 			t.Errorf("list streams: %v", err)
 		}
 		for _, name := range drop {
-			if err := js.DeleteStream(ctx, name); err != nil {
+			// Not found: deleted meanwhile (by a second drop of the same
+			// prefix in the subtest, its listing older than the first's
+			// delete), which is what was asked.
+			if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				t.Errorf("delete stream %s: %v", name, err)
 			}
 		}
