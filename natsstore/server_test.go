@@ -55,33 +55,8 @@ func singleServer(t testing.TB) *cluster {
 			t.Fatal("nats server not ready")
 		}
 		single = &cluster{servers: []*server.Server{s}}
-		single.keepAccountDir(t, 1)
 	}
 	return single
-}
-
-// keepAccountDir makes a file stream that lives as long as the servers,
-// so that the account's store directory never empties. When an
-// account's last stream is deleted, nats-server removes the account's
-// "streams" directory and then the account's directory (stream.go,
-// deleting a stream: "no op if not empty") in a goroutine, racing a
-// stream being created in that account: its mkdir found no directory
-// ("could not create storage directory - mkdir …/jetstream/$G/streams:
-// no such file or directory", error 10049 "error creating store for
-// stream"). The suites drop every subtest's streams when it ends, so
-// between subtests the account had none.
-func (c *cluster) keepAccountDir(t testing.TB, replicas int) {
-	nc, err := nats.Connect(c.url())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "keep", Replicas: replicas, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatalf("create keep stream: %v", err)
-	}
 }
 
 // tripleServer returns the process's embedded 3-node cluster, waiting
@@ -169,7 +144,6 @@ func newTriple(t testing.TB) *cluster {
 	if err := js.DeleteStream(ctx, "probe"); err != nil {
 		t.Fatalf("delete probe stream: %v", err)
 	}
-	c.keepAccountDir(t, 3)
 	return c
 }
 
