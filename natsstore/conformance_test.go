@@ -172,30 +172,39 @@ func openBackend(t *testing.T, c *cluster, prefix string) ferrytest.Backend {
 // deployment prefix: each stream of a topic with the default retention
 // reserves its MaxBytes of the server's storage, which the suites would
 // otherwise exhaust ("insufficient storage resources available").
-func dropDeployment(t *testing.T, c *cluster, prefix string) {
+func dropDeployment(t testing.TB, c *cluster, prefix string) {
 	js := c.connect(t)
 	t.Cleanup(func() { // before the connection's cleanup: cleanups run last first
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		names := js.StreamNames(ctx)
-		var drop []string
-		for name := range names.Name() {
-			if strings.HasPrefix(name, prefix+"_") || strings.HasPrefix(name, "KV_"+prefix+"_") {
-				drop = append(drop, name)
-			}
-		}
-		if err := names.Err(); err != nil {
-			t.Errorf("list streams: %v", err)
-		}
-		for _, name := range drop {
-			// Not found: deleted meanwhile (by a second drop of the same
-			// prefix in the subtest, its listing older than the first's
-			// delete), which is what was asked.
-			if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-				t.Errorf("delete stream %s: %v", name, err)
-			}
+		if err := dropStreams(ctx, js, prefix); err != nil {
+			t.Error(err)
 		}
 	})
+}
+
+// dropStreams deletes the streams and buckets of deployment prefix.
+func dropStreams(ctx context.Context, js jetstream.JetStream, prefix string) error {
+	names := js.StreamNames(ctx)
+	var drop []string
+	for name := range names.Name() {
+		if strings.HasPrefix(name, prefix+"_") || strings.HasPrefix(name, "KV_"+prefix+"_") {
+			drop = append(drop, name)
+		}
+	}
+	var errs []error
+	if err := names.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("list streams: %w", err))
+	}
+	for _, name := range drop {
+		// Not found: deleted meanwhile (by a second drop of the same
+		// prefix in the subtest, its listing older than the first's
+		// delete), which is what was asked.
+		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			errs = append(errs, fmt.Errorf("delete stream %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // TestSingleConsumers runs the consumer suite of package ferrytest over
