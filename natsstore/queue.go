@@ -57,6 +57,9 @@ type queue struct {
 	released int64
 	tail     []tailEntry // the tail's latest messages, by sequence (tail.go)
 	tailGen  uint64      // the tail's generation: pushes of another are not kept
+	ahead    []*ahead    // the read-ahead's asks, by offset (readahead.go)
+	noAhead  bool        // Close began: no more asks
+	aheadWG  sync.WaitGroup
 
 	// Asynchronous writes (write_async.go). amu guards the fields below;
 	// awg counts the acker.
@@ -308,7 +311,18 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			if n := q.fromTail(offset, dst); n > 0 {
 				return n, nil
 			}
+			if n := q.fromAhead(ctx, offset, dst); n > 0 {
+				return n, nil
+			}
 			n, err := q.get(ctx, offset, dst)
+			if err == nil && n == min(len(dst), readBatch) { // a backlog, maybe: read ahead
+				q.mu.Lock()
+				if len(q.ahead) == 0 {
+					q.startAheadLocked(offset + int64(n))
+					q.topUpLocked()
+				}
+				q.mu.Unlock()
+			}
 			if err != nil || n > 0 {
 				return n, err
 			}
@@ -743,6 +757,11 @@ func (q *queue) Close() error {
 			_ = q.relSub.Unsubscribe()
 		}
 		q.wg.Wait()
+		q.mu.Lock()
+		q.noAhead = true
+		q.ahead = nil
+		q.mu.Unlock()
+		q.aheadWG.Wait()
 		q.amu.Lock()
 		q.aclosed = true
 		q.amu.Unlock()
