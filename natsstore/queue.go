@@ -409,7 +409,11 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 	ctx, cancel := q.s.cfg.bound(ctx)
 	defer cancel()
 	want := min(len(dst), readBatch)
-	it, err := jetstreamext.GetBatch(ctx, q.s.js, q.stream, want, jetstreamext.GetBatchSeq(uint64(offset)+1))
+	// The direct get has a part of the bound: the rest is the leader's
+	// (below), if no replica answers it.
+	dctx, dcancel := context.WithTimeout(ctx, q.s.cfg.directTry())
+	defer dcancel()
+	it, err := jetstreamext.GetBatch(dctx, q.s.js, q.stream, want, jetstreamext.GetBatchSeq(uint64(offset)+1))
 	if err != nil {
 		return 0, q.readErr(ctx, err)
 	}
@@ -444,7 +448,8 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 		}
 	}
 	if n == 0 {
-		// A direct get may be served by a follower that lags: ask the
+		// A direct get may be served by a follower that lags, or by none
+		// (its iteration ends at dctx's end without an error): ask the
 		// leader before calling the offset gone.
 		m, ok, err := q.leaderGet(ctx, uint64(offset)+1)
 		if err != nil {

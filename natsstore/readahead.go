@@ -52,7 +52,7 @@ func (q *queue) startAheadLocked(from int64) {
 	want := int(min(int64(aheadBatch), q.next-from))
 	q.aheadWG.Go(func() {
 		defer close(a.done)
-		ctx, cancel := context.WithTimeout(q.ctx, q.s.cfg.opTimeout)
+		ctx, cancel := context.WithTimeout(q.ctx, q.s.cfg.directTry()) // none: the Reads get
 		defer cancel()
 		a.msgs, a.err = q.getAhead(ctx, from, want)
 	})
