@@ -38,6 +38,7 @@ func TestServerPause(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: server processes, Raft elections")
 	}
+	t.Parallel() // waits, mostly: beside the availability tests
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := startProcCluster(t, ctx)
