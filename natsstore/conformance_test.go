@@ -88,10 +88,19 @@ func suiteOpts(c *cluster) []natsstore.Option {
 	return nil
 }
 
+// suiteTTL is the TTL of the suites' coordinators. The suites expire a
+// member with DeleteMember, not by waiting, so it only bounds how long
+// a renewal may take: with 2 s, sessions and leases counted themselves
+// lost (0.8 × TTL without a renewal) when a loaded machine answered
+// slower, in 5 of 20 TestCluster runs ("Lock …: session expired" in
+// ConcurrentLocks, "member m1 of a stable group lost queue t[3]" in
+// ExactlyOnceStableGroup, under a load average of 14).
+const suiteTTL = 5 * time.Second
+
 func openCoordinator(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option) *natsstore.Coordinator {
 	t.Helper()
 	js := c.connect(t)
-	opts = append([]natsstore.Option{natsstore.WithPrefix(prefix), natsstore.WithTTL(2 * time.Second)}, opts...)
+	opts = append([]natsstore.Option{natsstore.WithPrefix(prefix), natsstore.WithTTL(suiteTTL)}, opts...)
 	if len(c.servers) == 3 {
 		opts = append(opts, natsstore.WithReplicas(3))
 	}
