@@ -22,7 +22,7 @@ import (
 // the bounds are multiples of it, and the margin it leaves above the
 // partitions must hold a watch's wake-up, a lock and a fetch on a
 // loaded machine.
-const availTTL = 5 * time.Second
+const availTTL = 8 * time.Second
 
 // failover is what partitionFailover saw.
 type failover struct {
