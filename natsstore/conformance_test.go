@@ -2,6 +2,7 @@ package natsstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/ferrymq/ferry"
 	"github.com/ferrymq/ferry/ferrytest"
 	"github.com/ferrymq/ferry/natsstore"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 var fresh atomic.Int64
@@ -35,11 +37,17 @@ func openStore(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option
 	return s
 }
 
+// runSuites runs the Queue, Storage and CursorStore suites on c. Each
+// subtest's deployment is dropped when it ends (see dropDeployment): the
+// servers live as long as the process, and with -count=20 the streams
+// and buckets left behind (thousands, each a Raft group on the cluster)
+// slowed every request past the op timeout.
 func runSuites(t *testing.T, c *cluster) {
 	opts := suiteOpts(c)
 	t.Run("Queue", func(t *testing.T) {
 		ferrytest.TestQueue(t, features, func(t *testing.T, meta ferry.TopicMeta, i int) ferry.Queue {
 			prefix := fmt.Sprintf("q%d", fresh.Add(1))
+			dropDeployment(t, c, prefix) // after the store's and the suite's cleanups
 			s := openStore(t, c, prefix, opts...)
 			t.Cleanup(func() { _ = s.Close() })
 			q, err := s.OpenQueue(context.Background(), meta, i)
@@ -51,11 +59,13 @@ func runSuites(t *testing.T, c *cluster) {
 	})
 	t.Run("Storage", func(t *testing.T) {
 		ferrytest.TestStorage(t, features, func(t *testing.T, dir string) ferry.Storage {
+			dropDeployment(t, c, prefixFor(dir)) // a reopen within the subtest finds it
 			return openStore(t, c, prefixFor(dir), opts...)
 		})
 	})
 	t.Run("CursorStore", func(t *testing.T) {
 		ferrytest.TestCursorStore(t, features, func(t *testing.T, dir string) ferry.CursorStore {
+			dropDeployment(t, c, prefixFor(dir))
 			return openStore(t, c, prefixFor(dir), opts...)
 		})
 	})
@@ -78,10 +88,19 @@ func suiteOpts(c *cluster) []natsstore.Option {
 	return nil
 }
 
+// suiteTTL is the TTL of the suites' coordinators. The suites expire a
+// member with DeleteMember, not by waiting, so it only bounds how long
+// a renewal may take: with 2 s, sessions and leases counted themselves
+// lost (0.8 × TTL without a renewal) when a loaded machine answered
+// slower, in 5 of 20 TestCluster runs ("Lock …: session expired" in
+// ConcurrentLocks, "member m1 of a stable group lost queue t[3]" in
+// ExactlyOnceStableGroup, under a load average of 14).
+const suiteTTL = 5 * time.Second
+
 func openCoordinator(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option) *natsstore.Coordinator {
 	t.Helper()
 	js := c.connect(t)
-	opts = append([]natsstore.Option{natsstore.WithPrefix(prefix), natsstore.WithTTL(2 * time.Second)}, opts...)
+	opts = append([]natsstore.Option{natsstore.WithPrefix(prefix), natsstore.WithTTL(suiteTTL)}, opts...)
 	if len(c.servers) == 3 {
 		opts = append(opts, natsstore.WithReplicas(3))
 	}
@@ -114,6 +133,7 @@ func runCoordinatorSuite(t *testing.T, c *cluster) {
 	}
 	ferrytest.TestCoordinator(t, f, func(t *testing.T) ferry.Coordinator {
 		prefix := fmt.Sprintf("c%d", fresh.Add(1))
+		dropDeployment(t, c, prefix) // as in runSuites
 		co := openCoordinator(t, c, prefix, opts...)
 		prefixes.Store(co, prefix)
 		return co
@@ -161,27 +181,39 @@ func openBackend(t *testing.T, c *cluster, prefix string) ferrytest.Backend {
 // deployment prefix: each stream of a topic with the default retention
 // reserves its MaxBytes of the server's storage, which the suites would
 // otherwise exhaust ("insufficient storage resources available").
-func dropDeployment(t *testing.T, c *cluster, prefix string) {
+func dropDeployment(t testing.TB, c *cluster, prefix string) {
 	js := c.connect(t)
 	t.Cleanup(func() { // before the connection's cleanup: cleanups run last first
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		names := js.StreamNames(ctx)
-		var drop []string
-		for name := range names.Name() {
-			if strings.HasPrefix(name, prefix+"_") || strings.HasPrefix(name, "KV_"+prefix+"_") {
-				drop = append(drop, name)
-			}
-		}
-		if err := names.Err(); err != nil {
-			t.Errorf("list streams: %v", err)
-		}
-		for _, name := range drop {
-			if err := js.DeleteStream(ctx, name); err != nil {
-				t.Errorf("delete stream %s: %v", name, err)
-			}
+		if err := dropStreams(ctx, js, prefix); err != nil {
+			t.Error(err)
 		}
 	})
+}
+
+// dropStreams deletes the streams and buckets of deployment prefix.
+func dropStreams(ctx context.Context, js jetstream.JetStream, prefix string) error {
+	names := js.StreamNames(ctx)
+	var drop []string
+	for name := range names.Name() {
+		if strings.HasPrefix(name, prefix+"_") || strings.HasPrefix(name, "KV_"+prefix+"_") {
+			drop = append(drop, name)
+		}
+	}
+	var errs []error
+	if err := names.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("list streams: %w", err))
+	}
+	for _, name := range drop {
+		// Not found: deleted meanwhile (by a second drop of the same
+		// prefix in the subtest, its listing older than the first's
+		// delete), which is what was asked.
+		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			errs = append(errs, fmt.Errorf("delete stream %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // TestSingleConsumers runs the consumer suite of package ferrytest over

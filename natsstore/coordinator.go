@@ -49,18 +49,32 @@ import (
 // error, and the member stays listed until the key expires. Locks and
 // tokens are decided by the bucket's leader alone.
 //
+// A key the coordinator gave up while no server answered (a join or
+// lock whose create timed out, a session's or lease's delete) is undone
+// in the background until a try is answered, so that writes held in a
+// partition and delivered at its heal leave no key that nobody renews
+// (see undo).
+//
 // A Coordinator is safe for concurrent use. Each session runs two
-// goroutines (heartbeat, watch) and each lease one (renewal); Close ends
-// every session and waits for them all.
+// goroutines (heartbeat, watch), each lease one (renewal) and each undo
+// one; Close ends every session, gives the undoing up, and waits for
+// them all.
 type Coordinator struct {
 	cfg     config
 	js      jetstream.JetStream
 	members jetstream.KeyValue
 	locks   jetstream.KeyValue
 
-	mu       sync.Mutex // guards sessions and closed
+	// life ends when Close begins: it bounds the undoing of keys given
+	// up (see undo), run by bg.
+	life context.Context
+	kill context.CancelFunc
+	bg   sync.WaitGroup
+
+	mu       sync.Mutex // guards sessions, closed and undoing
 	sessions map[*session]struct{}
 	closed   bool
+	undoing  map[undoKey][]*undoing
 }
 
 var (
@@ -85,7 +99,7 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 	}
 	ctx, cancel := cfg.bound(ctx)
 	defer cancel()
-	c := &Coordinator{cfg: cfg, js: js, sessions: map[*session]struct{}{}}
+	c := &Coordinator{cfg: cfg, js: js, sessions: map[*session]struct{}{}, undoing: map[undoKey][]*undoing{}}
 	for _, b := range []struct {
 		name string
 		kv   *jetstream.KeyValue
@@ -103,6 +117,7 @@ func NewCoordinator(ctx context.Context, js jetstream.JetStream, opts ...Option)
 		}
 		*b.kv = kv
 	}
+	c.life, c.kill = context.WithCancel(context.Background())
 	return c, nil
 }
 
@@ -138,6 +153,9 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	}
 	start := time.Now()
 	rev, err := c.members.Create(ctx, s.key, s.nonce)
+	if errors.Is(err, jetstream.ErrKeyExists) && c.undoNow(c.members, s.key) {
+		rev, err = c.members.Create(ctx, s.key, s.nonce) // the key was one this coordinator gave up
+	}
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return nil, &ferry.Error{Op: "natsstore: join", Err: fmt.Errorf("%w: member %q already in group %q of topic %q", ferry.ErrInvalidOption, member, g.Scope, g.Topic)}
 	}
@@ -153,7 +171,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 	w, err := c.members.Watch(wctx, s.prefix+".*")
 	if err != nil {
 		wcancel()
-		c.deleteKey(c.members, s.key, rev)
+		c.takeBack(c.members, s.key, s.nonce)
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s: watch", g), Err: err}
 	}
 	set := map[string]bool{}
@@ -168,7 +186,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		case <-ctx.Done():
 			stopWatcher(w, c.cfg.opTimeout)
 			wcancel()
-			c.deleteKey(c.members, s.key, rev)
+			c.takeBack(c.members, s.key, s.nonce)
 			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ctx.Err()}
 		}
 	}
@@ -179,7 +197,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		c.mu.Unlock()
 		stopWatcher(w, c.cfg.opTimeout)
 		wcancel()
-		c.deleteKey(c.members, s.key, rev)
+		c.takeBack(c.members, s.key, s.nonce)
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ferry.ErrClosed}
 	}
 	c.sessions[s] = struct{}{}
@@ -228,30 +246,128 @@ func deleteOwn(ctx context.Context, kv jetstream.KeyValue, key string, value []b
 
 // takeBack undoes a create of key with value whose outcome is unknown (it
 // failed with a timeout or a cancelled ctx, and may have been applied or
-// be still on its way). A read cannot tell: it may run before the create
-// lands. A second create can: the bucket's stream applies this
-// connection's writes in order, so by the time the second is answered
-// the first has landed or never will. If the second one succeeds, the
-// first did not (and the key just made is deleted); if the key exists
-// and holds value, the first did (and it is deleted).
+// be still on its way), or of a key made but then given up. A read cannot
+// tell: it may run before the create lands. A second create can: the
+// bucket's stream applies this connection's writes in order, so by the
+// time the second is answered the first has landed or never will. If the
+// second one succeeds, the first did not (and the key just made is
+// deleted); if the key exists and holds value, the first did (and it is
+// deleted). When no server answers (a partition), it goes on in the
+// background (see undo).
 func (c *Coordinator) takeBack(kv jetstream.KeyValue, key string, value []byte) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.opTimeout)
-	defer cancel()
+	c.undo(kv, key, func(ctx context.Context) bool { return takeBackTry(ctx, c.js, kv, key, value) })
+}
+
+// takeBackTry is one try of takeBack: false if it was not answered.
+func takeBackTry(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, value []byte) bool {
 	rev, err := kv.Create(ctx, key, value)
 	switch {
 	case err == nil:
-		_ = kv.Delete(ctx, key, jetstream.LastRevision(rev))
+		err = kv.Delete(ctx, key, jetstream.LastRevision(rev))
+		return err == nil || !unanswered(err) // a mismatch: someone else's write since
 	case errors.Is(err, jetstream.ErrKeyExists):
-		deleteOwn(ctx, kv, key, value)
+		e, ok, err := leaderLast(ctx, js, kv, key) // a follower's read may be behind the create
+		switch {
+		case err != nil:
+			return !unanswered(err)
+		case !ok || !bytes.Equal(e.value, value):
+			return true // gone, or another session's
+		}
+		err = kv.Delete(ctx, key, jetstream.LastRevision(e.rev))
+		return err == nil || !unanswered(err) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+	}
+	return !unanswered(err)
+}
+
+// undoKey names a key that an undoing is for.
+type undoKey struct{ bucket, key string }
+
+// undoing is a write this coordinator gave up and undoes: try, until it
+// reports done (it was answered).
+type undoing struct {
+	mu   sync.Mutex // held during a try
+	try  func(context.Context) bool
+	done bool
+}
+
+// undo makes sure a key this coordinator made, or may have made, and
+// gave up (a create timed out, a session or lease ended) does not
+// outlive the give-up holding a member ID or a queue's lock that nobody
+// renews: try is tried at once, and while it goes unanswered, again
+// every retryBackoff in the background, each try bounded by the op
+// timeout, until one is answered or Close begins. The servers may be
+// out of reach behind a partition that holds the writes sent into it
+// and delivers them at the heal, a join's create or a renewal after its
+// session was given up among them; such a key, landed at the heal, held
+// the member's ID and a share of the group's queues for a whole TTL
+// (issue 30: a join that timed out in a 3 × TTL partition came back as
+// a ghost member, and the group handed it queues). A try goes out only
+// after the one before was given up, on the same connection, so the
+// first try answered after the heal sees every write sent before it
+// applied. A Join or Lock refused because the key exists runs the key's
+// undoings at once (undoNow).
+func (c *Coordinator) undo(kv jetstream.KeyValue, key string, try func(context.Context) bool) {
+	u := &undoing{try: try}
+	if c.undoTry(u) {
+		return
+	}
+	k := undoKey{kv.Bucket(), key}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.undoing[k] = append(c.undoing[k], u)
+	c.bg.Go(func() {
+		defer c.undone(k, u)
+		for !c.undoTry(u) {
+			select {
+			case <-time.After(retryBackoff):
+			case <-c.life.Done():
+				return
+			}
+		}
+	})
+}
+
+// undoTry tries u once, unless it is done; it reports whether u is done.
+func (c *Coordinator) undoTry(u *undoing) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if !u.done && c.life.Err() == nil {
+		ctx, cancel := context.WithTimeout(c.life, c.cfg.opTimeout)
+		u.done = u.try(ctx)
+		cancel()
+	}
+	return u.done || c.life.Err() != nil
+}
+
+func (c *Coordinator) undone(k undoKey, u *undoing) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.undoing[k] = slices.DeleteFunc(c.undoing[k], func(x *undoing) bool { return x == u })
+	if len(c.undoing[k]) == 0 {
+		delete(c.undoing, k)
 	}
 }
 
-// deleteKey deletes key if its revision is still rev, bounded by the op
-// timeout; a mismatch means someone else holds it now, and is fine.
-func (c *Coordinator) deleteKey(kv jetstream.KeyValue, key string, rev uint64) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.opTimeout)
-	defer cancel()
-	_ = kv.Delete(ctx, key, jetstream.LastRevision(rev))
+// undoNow tries the undoings of key at once, and reports whether any of
+// them was done now: a create refused because the key exists may then
+// succeed.
+func (c *Coordinator) undoNow(kv jetstream.KeyValue, key string) bool {
+	c.mu.Lock()
+	us := slices.Clone(c.undoing[undoKey{kv.Bucket(), key}])
+	c.mu.Unlock()
+	did := false
+	for _, u := range us {
+		u.mu.Lock()
+		was := u.done
+		u.mu.Unlock()
+		if !was && c.undoTry(u) {
+			did = true
+		}
+	}
+	return did
 }
 
 // release deletes key, which a session made holding value and last
@@ -292,6 +408,16 @@ func (c *Coordinator) release(ctx context.Context, kv jetstream.KeyValue, key st
 			return err
 		}
 	}
+}
+
+// undoRelease goes on with a release no server answered, in the
+// background (see undo): a renewal held in a partition would otherwise
+// keep the key a TTL past the heal.
+func (c *Coordinator) undoRelease(kv jetstream.KeyValue, key string, value []byte, rev uint64) {
+	c.undo(kv, key, func(ctx context.Context) bool {
+		err := c.release(ctx, kv, key, value, rev)
+		return err == nil || !unanswered(err)
+	})
 }
 
 // Members implements [ferry.Coordinator]: it asks the members bucket's
@@ -363,6 +489,8 @@ func (c *Coordinator) Close() error {
 	for _, s := range ss {
 		s.wg.Wait()
 	}
+	c.kill() // the undoings still going give up
+	c.bg.Wait()
 	return nil
 }
 
@@ -538,6 +666,9 @@ func (s *session) finish(ctx context.Context, leases []*lease, rev uint64, lost 
 	ctx, cancel := context.WithTimeout(ctx, s.c.cfg.opTimeout)
 	err := s.c.release(ctx, s.c.members, s.key, s.nonce, rev)
 	cancel()
+	if err != nil && unanswered(err) {
+		s.c.undoRelease(s.c.members, s.key, s.nonce, rev)
+	}
 	s.c.mu.Lock()
 	delete(s.c.sessions, s)
 	s.c.mu.Unlock()
@@ -607,8 +738,8 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 		if err == nil {
 			return s.granted(q, key, rev, start)
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) && s.c.deleteOwn(s.c.locks, key, s.nonce) {
-			continue // our own, from a create whose reply was lost: free now
+		if errors.Is(err, jetstream.ErrKeyExists) && (s.c.deleteOwn(s.c.locks, key, s.nonce) || s.c.undoNow(s.c.locks, key)) {
+			continue // our own, from a create whose reply was lost, or one this coordinator gave up: free now
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			select { // a passing failure: try again shortly (the next create tells whether this one landed)
@@ -698,7 +829,7 @@ func (s *session) granted(q int, key string, rev uint64, start time.Time) (ferry
 	s.mu.Lock()
 	if s.ended {
 		s.mu.Unlock()
-		s.c.deleteKey(s.c.locks, key, rev)
+		s.c.takeBack(s.c.locks, key, s.nonce)
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ferry.ErrSessionExpired}
 	}
 	s.leases[q] = l
@@ -769,7 +900,9 @@ func (l *lease) give(lost bool) {
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), s.c.cfg.opTimeout)
 	defer cancel()
-	_ = s.c.release(ctx, s.c.locks, l.key, s.nonce, rev)
+	if err := s.c.release(ctx, s.c.locks, l.key, s.nonce, rev); err != nil && unanswered(err) {
+		s.c.undoRelease(s.c.locks, l.key, s.nonce, rev)
+	}
 }
 
 // renew renews the lock key every TTL/3. The lease is lost by a timer of

@@ -16,7 +16,11 @@
 //     publishes without waiting for the ack, so
 //     [ferry.Producer.SendAsync] keeps several batches of a queue in
 //     flight on the connection, stored and reported in the order sent.
-//     Reads are direct batch gets. While readers wait at a
+//     Reads are direct batch gets. A Read that got a full batch with more
+//     behind it starts a read-ahead: the next batches are asked for
+//     before anyone reads them (two asks in flight), and the next Reads
+//     are served what came while it is fresh and surely still retained
+//     (readahead.go). While readers wait at a
 //     queue's end, an ordered consumer of its stream (the tail) is pushed
 //     each new message and hands it to the reader it wakes, with no get;
 //     it stops 10 s after the last reader waited, so a process that only

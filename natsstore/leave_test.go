@@ -31,7 +31,9 @@ func TestLeaveAfterUnseenRenewal(t *testing.T) {
 			c := tc.c(t)
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
-			co := openCoordinator(t, c, fmt.Sprintf("lu%d", fresh.Add(1)), natsstore.WithTTL(time.Minute))
+			prefix := fmt.Sprintf("lu%d", fresh.Add(1))
+			dropDeployment(t, c, prefix)
+			co := openCoordinator(t, c, prefix, natsstore.WithTTL(time.Minute))
 			defer co.Close()
 			g := ferry.GroupKey{Scope: "g", Topic: "t"}
 			a, err := co.Join(ctx, g, "m-a")

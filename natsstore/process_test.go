@@ -27,15 +27,25 @@ const (
 	childEnv    = "FERRY_NATS_CHILD"
 	childURL    = "FERRY_NATS_URL"
 	childPrefix = "FERRY_NATS_PREFIX"
+	childTTLEnv = "FERRY_NATS_TTL" // the coordinator's TTL, if not childTTL
 	childTTL    = 2 * time.Second
 	childCalls  = "FERRY_NATS_CALLS" // set: the member reports its calls (see childMain)
 )
 
 // childMain runs one member of group "billing" on topic "orders" until
 // it is killed or told to stop (SIGTERM): every message it handles it
-// reports on "<prefix>.handled" as "<member> <body>".
+// reports on "<prefix>.handled" as "<member> <queue> <body>".
 func childMain() int {
 	member, url, prefix := os.Getenv(childEnv), os.Getenv(childURL), os.Getenv(childPrefix)
+	ttl := childTTL
+	if v := os.Getenv(childTTLEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		ttl = d
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
@@ -51,7 +61,7 @@ func childMain() int {
 		return 2
 	}
 	defer st.Close()
-	co, err := natsstore.NewCoordinator(ctx, js, natsstore.WithPrefix(prefix), natsstore.WithTTL(childTTL))
+	co, err := natsstore.NewCoordinator(ctx, js, natsstore.WithPrefix(prefix), natsstore.WithTTL(ttl))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -64,7 +74,7 @@ func childMain() int {
 	}
 	defer b.Close()
 	h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
-		return nc.Publish(prefix+".handled", []byte(member+" "+string(m.Body)))
+		return nc.Publish(prefix+".handled", fmt.Appendf(nil, "%s %d %s", member, m.Queue, m.Body))
 	})
 	opts := []ferry.ConsumerOption{ferry.WithMemberID(member)}
 	if os.Getenv(childCalls) != "" {
@@ -100,9 +110,15 @@ type child struct {
 
 func startChild(t *testing.T, c *cluster, prefix, member string, env ...string) *child {
 	t.Helper()
+	return startChildAt(t, c.url(), prefix, member, env...)
+}
+
+// startChildAt starts a member connected to url (a proxy's, say); env
+// adds to its environment (childTTLEnv, childCalls).
+func startChildAt(t *testing.T, url, prefix, member string, env ...string) *child {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+member, childURL+"="+c.url(), childPrefix+"="+prefix)
-	cmd.Env = append(cmd.Env, env...)
+	cmd.Env = append(append(os.Environ(), childEnv+"="+member, childURL+"="+url, childPrefix+"="+prefix), env...)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
 	ch := &child{member: member, cmd: cmd, done: make(chan struct{})}
@@ -134,7 +150,7 @@ func TestProcessKill(t *testing.T) {
 	seen := map[string]int{}
 	wake := make(chan struct{}, 1)
 	sub, err := n.js.Conn().Subscribe(prefix+".handled", func(m *nats.Msg) {
-		_, body, _ := strings.Cut(string(m.Data), " ")
+		body := strings.SplitN(string(m.Data), " ", 3)[2]
 		mu.Lock()
 		seen[body]++
 		mu.Unlock()

@@ -57,6 +57,9 @@ type queue struct {
 	released int64
 	tail     []tailEntry // the tail's latest messages, by sequence (tail.go)
 	tailGen  uint64      // the tail's generation: pushes of another are not kept
+	ahead    []*ahead    // the read-ahead's asks, by offset (readahead.go)
+	noAhead  bool        // Close began: no more asks
+	aheadWG  sync.WaitGroup
 
 	// Asynchronous writes (write_async.go). amu guards the fields below;
 	// awg counts the acker.
@@ -308,7 +311,18 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			if n := q.fromTail(offset, dst); n > 0 {
 				return n, nil
 			}
+			if n := q.fromAhead(ctx, offset, dst); n > 0 {
+				return n, nil
+			}
 			n, err := q.get(ctx, offset, dst)
+			if err == nil && n == min(len(dst), readBatch) { // a backlog, maybe: read ahead
+				q.mu.Lock()
+				if len(q.ahead) == 0 {
+					q.startAheadLocked(offset + int64(n))
+					q.topUpLocked()
+				}
+				q.mu.Unlock()
+			}
 			if err != nil || n > 0 {
 				return n, err
 			}
@@ -395,7 +409,11 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 	ctx, cancel := q.s.cfg.bound(ctx)
 	defer cancel()
 	want := min(len(dst), readBatch)
-	it, err := jetstreamext.GetBatch(ctx, q.s.js, q.stream, want, jetstreamext.GetBatchSeq(uint64(offset)+1))
+	// The direct get has a part of the bound: the rest is the leader's
+	// (below), if no replica answers it.
+	dctx, dcancel := context.WithTimeout(ctx, q.s.cfg.directTry())
+	defer dcancel()
+	it, err := jetstreamext.GetBatch(dctx, q.s.js, q.stream, want, jetstreamext.GetBatchSeq(uint64(offset)+1))
 	if err != nil {
 		return 0, q.readErr(ctx, err)
 	}
@@ -430,7 +448,8 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 		}
 	}
 	if n == 0 {
-		// A direct get may be served by a follower that lags: ask the
+		// A direct get may be served by a follower that lags, or by none
+		// (its iteration ends at dctx's end without an error): ask the
 		// leader before calling the offset gone.
 		m, ok, err := q.leaderGet(ctx, uint64(offset)+1)
 		if err != nil {
@@ -743,6 +762,11 @@ func (q *queue) Close() error {
 			_ = q.relSub.Unsubscribe()
 		}
 		q.wg.Wait()
+		q.mu.Lock()
+		q.noAhead = true
+		q.ahead = nil
+		q.mu.Unlock()
+		q.aheadWG.Wait()
 		q.amu.Lock()
 		q.aclosed = true
 		q.amu.Unlock()

@@ -51,6 +51,51 @@ func ask[T any](ctx context.Context, cfg config, f func(context.Context) (T, err
 	}
 }
 
+// askCreate is [ask] for a create of a stream or bucket: a create
+// refused with code 10049, "error creating store for stream", is asked
+// again after a short backoff, at most createTries times in all and
+// within ctx; any other answer is returned as is. Deleting an account's
+// last stream, nats-server (v2.15, stream.go) removes the account's
+// "streams" directory and then the account's directory in a goroutine,
+// racing the next stream's store being made in the account: its mkdir
+// finds no parent ("could not create storage directory - mkdir
+// …/jetstream/$G/streams: no such file or directory"). So a user who
+// deletes their last topic and creates another can be refused once;
+// the create asked again makes the directories anew.
+func askCreate[T any](ctx context.Context, cfg config, f func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := cfg.bound(ctx)
+	defer cancel()
+	backoff := createBackoff
+	for try := 1; ; try++ {
+		v, err := ask(ctx, cfg, f)
+		if err == nil || !storeRefused(err) || try == createTries || ctx.Err() != nil {
+			return v, err
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return v, err
+		}
+		backoff *= 2
+	}
+}
+
+// createTries and createBackoff bound [askCreate]'s tries: the server's
+// removal goroutine runs at once, so the second try nearly always finds
+// it done; the tries span 10+20+…+320 ms, 630 ms in all, for a loaded
+// machine.
+const (
+	createTries   = 7
+	createBackoff = 10 * time.Millisecond
+)
+
+// storeRefused: a create the server refused because it could not make
+// the stream's store (JSStreamCreateErrF wrapping errStreamStoreFailed).
+func storeRefused(err error) bool {
+	code, _ := apiCode(err)
+	return code == 10049
+}
+
 // askExisting is [ask] for a read of a stream known to exist (this call
 // created it, or a create was refused because it exists): "not found"
 // is asked again too. A server of the cluster answers "stream not found"
@@ -107,14 +152,14 @@ func bucket(ctx context.Context, js jetstream.JetStream, cfg config, name string
 		kc.LimitMarkerTTL = cfg.ttl
 	}
 	if leader && cfg.replicas > 1 {
-		_, err = ask(ctx, cfg, func(ctx context.Context) (jetstream.Stream, error) {
+		_, err = askCreate(ctx, cfg, func(ctx context.Context) (jetstream.Stream, error) {
 			return js.CreateStream(ctx, leaderKVConfig(kc))
 		})
 		if err == nil || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = askExisting(ctx, cfg, bind) // made now, or before by another version
 		}
 	} else {
-		kv, err = ask(ctx, cfg, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, kc) })
+		kv, err = askCreate(ctx, cfg, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, kc) })
 		if errors.Is(err, jetstream.ErrBucketExists) {
 			kv, err = askExisting(ctx, cfg, bind) // another process made it first
 		}
@@ -152,7 +197,7 @@ func leaderKVConfig(kc jetstream.KeyValueConfig) jetstream.StreamConfig {
 // first: CreateOrUpdateStream updates first, and an update of a stream
 // another process has just created can go unanswered.
 func (s *Store) openStream(ctx context.Context, sc jetstream.StreamConfig) (jetstream.Stream, error) {
-	h, err := ask(ctx, s.cfg, func(ctx context.Context) (jetstream.Stream, error) { return s.js.CreateStream(ctx, sc) })
+	h, err := askCreate(ctx, s.cfg, func(ctx context.Context) (jetstream.Stream, error) { return s.js.CreateStream(ctx, sc) })
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		h, err = ask(ctx, s.cfg, func(ctx context.Context) (jetstream.Stream, error) { return s.js.UpdateStream(ctx, sc) })
 	}

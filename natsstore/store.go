@@ -74,6 +74,16 @@ func Open(ctx context.Context, js jetstream.JetStream, opts ...Option) (*Store, 
 }
 
 // bound gives ctx the op timeout unless it has a deadline.
+// directTry bounds a direct get of a Read, a quarter of the op timeout:
+// direct gets are answered by any replica of the stream, and one whose
+// server is stopped (SIGSTOP, a long GC or VM pause) still holds its
+// share of them and answers none; a Read asks the stream's leader
+// instead when none came (TestServerPause: Reads of a queue whose server
+// was stopped ran out of the op timeout one after another, "read
+// orders[1]: context deadline exceeded", stalling its handling for
+// seconds after its new leader was elected).
+func (c config) directTry() time.Duration { return c.opTimeout / 4 }
+
 func (c config) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return context.WithCancel(ctx)

@@ -1,0 +1,51 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAskCreateBounds: askCreate asks a create refused with 10049 again,
+// at most createTries times and within its caller's context, and returns
+// any other answer at the first.
+func TestAskCreateBounds(t *testing.T) {
+	cfg := config{opTimeout: time.Minute}
+	refused := &jetstream.APIError{Code: 500, ErrorCode: 10049, Description: "error creating store for stream"}
+	other := &jetstream.APIError{Code: 500, ErrorCode: 10077, Description: "other"}
+	ctx := t.Context()
+
+	calls := 0
+	_, err := askCreate(ctx, cfg, func(context.Context) (int, error) { calls++; return 0, refused })
+	require.ErrorIs(t, err, refused)
+	require.Equal(t, createTries, calls, "tries of a create refused every time")
+
+	calls = 0
+	v, err := askCreate(ctx, cfg, func(context.Context) (int, error) {
+		calls++
+		if calls < 3 {
+			return 0, refused
+		}
+		return 7, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 7, v)
+	require.Equal(t, 3, calls)
+
+	for _, want := range []error{other, jetstream.ErrStreamNameAlreadyInUse, errors.New("boom")} {
+		calls = 0
+		_, err = askCreate(ctx, cfg, func(context.Context) (int, error) { calls++; return 0, want })
+		require.Same(t, want, err)
+		require.Equal(t, 1, calls, "tries of a create answered %v", want)
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	calls = 0
+	_, err = askCreate(cctx, cfg, func(context.Context) (int, error) { calls++; cancel(); return 0, refused })
+	require.ErrorIs(t, err, refused)
+	require.Equal(t, 1, calls, "tries after the caller's context ended")
+}
