@@ -141,25 +141,7 @@ func TestDelayedManyRandom(t *testing.T) {
 	p, err := b.NewProducer()
 	require.NoError(t, err)
 
-	rng := rand.New(rand.NewPCG(1, 2))
-	const keys = 500
-	last := make([]time.Duration, keys)
-	due := make(map[string]time.Time, n)
-	var batch []*ferry.Message
-	for i := range n {
-		k := rng.IntN(keys)
-		// Later than the key's last due time: the key's order is its due order.
-		d := last[k] + time.Duration(rng.Int64N(int64(time.Hour)/int64(n/keys)*2))
-		last[k] = d
-		body := strconv.Itoa(i)
-		due[body] = start.Add(d)
-		batch = append(batch, &ferry.Message{Topic: "jobs", Key: strconv.Itoa(k), Body: []byte(body), DeliverAt: start.Add(d)})
-		if len(batch) == 100 {
-			_, err := p.SendBatch(ctx, batch)
-			require.NoError(t, err)
-			batch = batch[:0]
-		}
-	}
+	due := sendKeyedDelays(t, p, start, n, 500, time.Hour, rand.New(rand.NewPCG(1, 2)))
 	runClock(t, clock, "every message", func() bool { return rec.count() == n }, rec.wake)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -390,24 +372,7 @@ func TestDelayedKeyOrderUnderClockJumps(t *testing.T) {
 	defer c.Close()
 	p, err := b.NewProducer()
 	require.NoError(t, err)
-	rng := rand.New(rand.NewPCG(3, 4))
-	const keys = 300
-	last := make([]time.Duration, keys)
-	due := make(map[string]time.Time, n)
-	var batch []*ferry.Message
-	for i := range n {
-		k := rng.IntN(keys)
-		d := last[k] + time.Duration(rng.Int64N(int64(48*time.Hour)/int64(n/keys)*2))
-		last[k] = d
-		body := strconv.Itoa(i)
-		due[body] = start.Add(d)
-		batch = append(batch, &ferry.Message{Topic: "jobs", Key: strconv.Itoa(k), Body: []byte(body), DeliverAt: start.Add(d)})
-		if len(batch) == 100 {
-			_, err := p.SendBatch(ctx, batch)
-			require.NoError(t, err)
-			batch = batch[:0]
-		}
-	}
+	due := sendKeyedDelays(t, p, start, n, 300, 48*time.Hour, rand.New(rand.NewPCG(3, 4)))
 	deadline := time.Now().Add(60 * time.Second)
 	for rec.count() < n && time.Now().Before(deadline) {
 		clock.Advance(3 * time.Hour)
@@ -426,4 +391,29 @@ func TestDelayedKeyOrderUnderClockJumps(t *testing.T) {
 		}
 	}
 	require.Zero(t, bad, "keys delivered out of due order")
+}
+
+// sendKeyedDelays sends n messages over keys keys to "jobs", in batches of
+// 100, with random due times from start on spread over span, each key's in
+// send order, and returns each body's due time.
+func sendKeyedDelays(t *testing.T, p *ferry.Producer, start time.Time, n, keys int, span time.Duration, rng *rand.Rand) map[string]time.Time {
+	t.Helper()
+	last := make([]time.Duration, keys)
+	due := make(map[string]time.Time, n)
+	var batch []*ferry.Message
+	for i := range n {
+		k := rng.IntN(keys)
+		// Later than the key's last due time: the key's order is its due order.
+		d := last[k] + time.Duration(rng.Int64N(int64(span)/int64(n/keys)*2))
+		last[k] = d
+		body := strconv.Itoa(i)
+		due[body] = start.Add(d)
+		batch = append(batch, &ferry.Message{Topic: "jobs", Key: strconv.Itoa(k), Body: []byte(body), DeliverAt: start.Add(d)})
+		if len(batch) == 100 || i == n-1 {
+			_, err := p.SendBatch(t.Context(), batch)
+			require.NoError(t, err)
+			batch = batch[:0]
+		}
+	}
+	return due
 }
