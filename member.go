@@ -203,9 +203,11 @@ func (m *groupMember) join(ctx context.Context, spawn func()) error {
 	m.startLoop(sess)
 	m.mu.Unlock()
 	// The loop's first turn (the first assignment) runs here: Start waits
-	// for it anyway.
+	// for it anyway. Only that turn: what comes after (a Close, say, whose
+	// release may wait for a slow cursor load) goes on in a goroutine of
+	// its own, so that Start returns as its ctx or Close says.
 	if m.kicks.Add(1) == 1 {
-		m.loop()
+		m.loopFirst()
 	}
 	return nil
 }

@@ -80,6 +80,20 @@ func (m *groupMember) loop() {
 	}
 }
 
+// loopFirst is the loop's first turn, run by Start: one step; the rest,
+// if there is more, in a goroutine.
+func (m *groupMember) loopFirst() {
+	n := m.kicks.Load()
+	if m.step() {
+		m.kicks.Store(noKick)
+		go m.endLoop()
+		return
+	}
+	if !m.kicks.CompareAndSwap(n, 0) {
+		go m.loop()
+	}
+}
+
 // settle records the runs of the first assignment, for Start.
 func (m *groupMember) settle(runs []*queueRun) {
 	if m.first {

@@ -591,8 +591,11 @@ func (s *coordSuite) tokens(t *testing.T, w *watchdog) {
 }
 
 // tokenOrderCycles is how many times TokenOrder's holder releases and
-// locks again while the other session waits.
-const tokenOrderCycles = 20
+// locks again while the other session waits. An early token shows only in
+// a cycle the waiter wins after one the holder won; with 20 cycles a
+// loaded machine once let the holder win all 17 cycles after the waiter's
+// first 3, and the negative control passed a broken coordinator.
+const tokenOrderCycles = 50
 
 // tokenOrder checks that tokens grow in grant order. A token drawn when a
 // Lock starts, rather than when it is granted, shows once a Lock that
