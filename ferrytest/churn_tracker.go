@@ -162,6 +162,9 @@ type tracker struct {
 	workers   map[string]int  // push member -> its worker count
 	crashing  map[string]bool // "group/member" of pull members being crash-closed
 	stale     map[string]int  // "member/queue" -> stale calls seen
+	// expiredGrace: "group/member" -> calls still to excuse after the test
+	// expired its session (see expireMember).
+	expiredGrace map[string]int
 }
 
 // setWorkers records how many workers a push member runs.
@@ -181,6 +184,8 @@ func newTracker(queues int, groups map[string]bool) *tracker {
 		workers:   map[string]int{},
 		crashing:  map[string]bool{},
 		stale:     map[string]int{},
+
+		expiredGrace: map[string]int{},
 	}
 	for name, ordered := range groups {
 		g := &groupTrack{name: name, ordered: ordered, keyed: name == churnKeyed}
@@ -260,6 +265,10 @@ func (tr *tracker) enter(group, member string, queue int, off int64, body string
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	c.abandoned = tr.crashing[group+"/"+member]
+	if k := group + "/" + member; tr.expiredGrace[k] > 0 {
+		tr.expiredGrace[k]--
+		c.abandoned = true
+	}
 	g := tr.groups[group]
 	qt := g.queues[queue]
 	r := qt.rec(off)
@@ -375,6 +384,10 @@ func (tr *tracker) abandonMember(group, member string) {
 func (tr *tracker) expireMember(group, member string) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	// A worker may have passed the gate a moment before the expiry and
+	// enter just after this: up to one call per worker entering from now
+	// on is the expiry's too (as stale-call allows one per worker).
+	tr.expiredGrace[group+"/"+member] = max(1, tr.workers[member])
 	for _, qt := range tr.groups[group].queues {
 		for c := range qt.inside {
 			if c.member == member {

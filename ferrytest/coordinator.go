@@ -591,10 +591,11 @@ func (s *coordSuite) tokens(t *testing.T, w *watchdog) {
 }
 
 // tokenOrderCycles is how many times TokenOrder's holder releases and
-// locks again while the other session waits. An early token shows only in
-// a cycle the waiter wins after one the holder won; with 20 cycles a
-// loaded machine once let the holder win all 17 cycles after the waiter's
-// first 3, and the negative control passed a broken coordinator.
+// locks again while the other session waits (every other cycle the waiter
+// is let win alone). An early token shows in a cycle the waiter wins after
+// one the holder won: left to timing, a loaded machine once let the holder
+// win every cycle after the waiter's first ones, and the negative control
+// passed a broken coordinator.
 const tokenOrderCycles = 50
 
 // tokenOrder checks that tokens grow in grant order. A token drawn when a
@@ -629,6 +630,16 @@ func (s *coordSuite) tokenOrder(t *testing.T, w *watchdog) {
 	}
 	for i := range tokenOrderCycles {
 		release(t, w, held, holder+"'s lease")
+		if i%2 == 1 {
+			// The waiter alone, so that it wins: after a cycle the holder
+			// may have won, an early token shows here whatever the timing.
+			granted(awaitLock(t, w, waiting, fmt.Sprintf("%s locking queue 4, alone (cycle %d)", waiter, i)), waiter, i)
+			holder, waiter = waiter, holder
+			waiting = goLock(t, w, w.ctx, sess[waiter], q)
+			stillBlocked(t, waiting, waiter+" locking queue 4 held by "+holder)
+			w.progress()
+			continue
+		}
 		relock := goLock(t, w, w.ctx, sess[holder], q)
 		select {
 		case r := <-relock: // the holder won; the waiter waits on
@@ -644,7 +655,7 @@ func (s *coordSuite) tokenOrder(t *testing.T, w *watchdog) {
 	}
 	release(t, w, held, holder+"'s lease")
 	granted(awaitLock(t, w, waiting, waiter+" locking queue 4 at last"), waiter, tokenOrderCycles)
-	t.Logf("the holder's new Lock won %d of %d cycles over the waiting one", holderWins, tokenOrderCycles)
+	t.Logf("the holder's new Lock won %d of %d contended cycles over the waiting one", holderWins, tokenOrderCycles/2)
 }
 
 func (s *coordSuite) leave(t *testing.T, w *watchdog) {
