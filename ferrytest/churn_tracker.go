@@ -96,6 +96,16 @@ type call struct {
 // givenUp reports whether the consumer gave up on the call: its context
 // was cancelled after it started (a drain timeout), or the test
 // crash-closed the pull member holding it.
+// ctxDone reports whether the call's context is cancelled (a push call).
+func (c *call) ctxDone() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (c *call) givenUp() bool {
 	if c.abandoned {
 		return true
@@ -279,7 +289,7 @@ func (tr *tracker) enter(group, member string, queue int, off int64, body string
 		tr.violateLocked(violIntegrity, "group %s queue %d offset %d: member %s got body %q, earlier %q", group, queue, off, member, body, r.body)
 	}
 	stale := ""
-	if c.done != nil && c.givenUp() { // a push call whose context was cancelled before it started
+	if c.done != nil && c.ctxDone() { // a push call whose context was cancelled before it started
 		stale = " (the entering call is stale, see stale-call)"
 		k := member + "/" + strconv.Itoa(queue)
 		tr.stale[k]++
