@@ -205,15 +205,21 @@ func (d *delayer) deliverNow(ctx context.Context, em *EnhancedMessage, target Qu
 		return SendResult{}, err
 	}
 	q := t.queues[target.Queue%len(t.queues)]
-	w := &EnhancedMessage{
-		Message: Message{Topic: t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: stripDelay(em.Headers), Body: em.Body, DedupKey: em.DedupKey},
-		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
-	}
+	w := delivered(t, em, em.DedupKey)
 	if err := write(ctx, q, w, wait); err != nil {
 		return SendResult{}, err
 	}
 	id := QueueID{Topic: t.meta.Name, Queue: target.Queue % len(t.queues)}
 	return SendResult{ID: w.ID, Queue: id, Offset: w.Offset, DeliverAt: at, Target: id}, nil
+}
+
+// delivered returns em as it goes to its target topic t: its delay
+// headers stripped, with the deduplication key key.
+func delivered(t *topicState, em *EnhancedMessage, key string) *EnhancedMessage {
+	return &EnhancedMessage{
+		Message: Message{Topic: t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: stripDelay(em.Headers), Body: em.Body, DedupKey: key},
+		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
+	}
 }
 
 // placeIn is place, or errDueNow when at is due by the clock read under

@@ -218,10 +218,7 @@ func (d *delayer) act(a *delayAction, now time.Time) int {
 		return d.failed(a, err)
 	}
 	q := t.queues[a.target.Queue%len(t.queues)]
-	em := &EnhancedMessage{
-		Message: Message{Topic: t.meta.Name, Key: a.msg.Key, Tag: a.msg.Tag, Headers: stripDelay(a.msg.Headers), Body: a.msg.Body, DedupKey: moveKey(a)},
-		ID:      a.msg.ID, BornUnixNano: a.msg.BornUnixNano, Origin: a.msg.Origin,
-	}
+	em := delivered(t, a.msg, moveKey(a))
 	if err := write(d.ctx, q, em, false); err != nil {
 		return d.failed(a, err)
 	}
