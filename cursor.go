@@ -109,6 +109,43 @@ type HandoffCursorStore interface {
 	CommitFinished(ctx context.Context, topic, group string, queue int, offset int64, finished []int64, token uint64) error
 }
 
+// TxCursorStore is an optional interface of a [HandoffCursorStore] that
+// advances a queue's cursor in the same transaction as a handler's
+// effects: a store kept in the application's own database (sqlstore) gives
+// exactly-once effects that way. When a group's cursor store implements
+// it, a push consumer calls Begin before each handler call and runs the
+// handler with the context Begin returned (the store puts its transaction
+// in it, for the handler to write its effects in). When the handler
+// returns nil the consumer calls the transaction's Commit, which records
+// offset as finished for (topic, group, queue) — refused with [ErrFenced]
+// when token is lower than the queue's (its lease moved on), nothing
+// written — and commits, all in the one transaction; a Commit that fails
+// counts as a failed attempt (the message is retried as after a handler
+// error). A handler error or panic calls Rollback. Begin's error fails the
+// attempt too.
+//
+// Load and TakeCursor include what transactions finished: the cursor is
+// advanced past the contiguous finished offsets, and TakeCursor's finished
+// set holds those above it. CommitFenced and CommitFinished keep the
+// offsets above the committed one that transactions finished (they are
+// effects done); a plain Commit (a reset: ResetGroup, the ferry command)
+// and Forget drop them. Messages a consumer finishes without a handler
+// success (dead letters, retries moved off the queue) are committed as
+// always. Pull consumers do not use it. For store implementers.
+type TxCursorStore interface {
+	HandoffCursorStore
+	Begin(ctx context.Context, topic, group string, queue int, offset int64, token uint64) (context.Context, CursorTx, error)
+}
+
+// CursorTx is the transaction of one handler attempt (see
+// [TxCursorStore]): Commit records the message finished and commits;
+// Rollback discards everything. The consumer calls exactly one of them,
+// once.
+type CursorTx interface {
+	Commit(ctx context.Context) error
+	Rollback() error
+}
+
 // MaxFinishedSet bounds the finished set of a queue's cursor (see
 // [HandoffCursorStore]): a member with more finished messages above its
 // cursor commits the lowest MaxFinishedSet, and the next owner delivers

@@ -2,6 +2,7 @@ package ferry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -101,6 +102,10 @@ type deliverer struct {
 	// Counters for Stats.
 	handled, failed, retried, deadLettered atomic.Uint64
 
+	// txs is the group's cursor store when it runs handlers in its
+	// transactions (see TxCursorStore); nil otherwise.
+	txs TxCursorStore
+
 	retryWake chan struct{}
 	mu        sync.Mutex // guards delayed, looping and producer
 	delayed   retryHeap
@@ -110,6 +115,7 @@ type deliverer struct {
 
 func newDeliverer(m *groupMember, h Handler) *deliverer {
 	d := &deliverer{m: m, h: h, retryWake: make(chan struct{}, 1)}
+	d.txs, _ = m.b.cursors.(TxCursorStore)
 	d.cost.Store(int64(shareBudget)) // slow until measured (see runBatch)
 	return d
 }
@@ -383,7 +389,7 @@ func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedM
 		if !r.admit() {
 			return false
 		}
-		err := d.call(dctx, msg, attempt)
+		err := d.call(dctx, r, msg, attempt)
 		if err == nil {
 			return true
 		}
@@ -427,7 +433,7 @@ func (d *deliverer) wait(r *queueRun, w time.Duration) bool {
 // and stays in flight.
 func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage, attempt int) bool {
 	m := d.m
-	err := d.call(dctx, msg, attempt)
+	err := d.call(dctx, r, msg, attempt)
 	if err == nil {
 		return true
 	}
@@ -449,21 +455,56 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 	return false
 }
 
-// call runs the handler once, turning a panic into an error, through the
-// hooks when there are.
-func (d *deliverer) call(dctx *deliveryCtx, msg *EnhancedMessage, attempt int) error {
+// call runs the handler once on r's msg, turning a panic into an error,
+// through the hooks when there are, in a transaction of the cursor store
+// when it is a [TxCursorStore].
+func (d *deliverer) call(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage, attempt int) error {
 	dctx.d.Attempt = attempt
-	msg = d.view(msg)
-	if hs := d.m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
-		return d.callHooked(hs, dctx, msg)
+	view := d.view(msg)
+	if d.txs != nil {
+		return d.callTx(dctx, r, msg, view)
 	}
-	return d.safeHandle(dctx, dctx, msg)
+	if hs := d.m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
+		return d.callHooked(hs, dctx, dctx, view)
+	}
+	return d.safeHandle(dctx, dctx, view)
+}
+
+// callTx is call in a transaction of the cursor store (see
+// [TxCursorStore]): msg's offset finishes in it when the handler
+// succeeds; a failed Begin or Commit fails the attempt.
+func (d *deliverer) callTx(dctx *deliveryCtx, r *queueRun, msg, view *EnhancedMessage) error {
+	m := d.m
+	ctx, tx, err := d.txs.Begin(dctx, m.topic, m.scope, r.q, msg.Offset, r.lease.Token())
+	if err != nil {
+		dctx.failed++
+		return &Error{Op: fmt.Sprintf("begin handler transaction at %s offset %d", r.id, msg.Offset), Err: err}
+	}
+	if hs := m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
+		err = d.callHooked(hs, dctx, ctx, view)
+	} else {
+		err = d.safeHandle(dctx, ctx, view)
+	}
+	if err != nil {
+		if rerr := tx.Rollback(); rerr != nil {
+			m.report(&Error{Op: fmt.Sprintf("roll back handler transaction at %s offset %d", r.id, msg.Offset), Err: rerr})
+		}
+		return err
+	}
+	if err := tx.Commit(r.hctx); err != nil {
+		if errors.Is(err, ErrFenced) {
+			r.lose()
+		}
+		dctx.handled--
+		dctx.failed++
+		return &Error{Op: fmt.Sprintf("commit handler transaction at %s offset %d", r.id, msg.Offset), Err: err}
+	}
+	return nil
 }
 
 // callHooked is call with hooks: OnHandle may give the handler another
-// context, OnHandled gets the call's duration and error.
-func (d *deliverer) callHooked(hs *hookSet, dctx *deliveryCtx, msg *EnhancedMessage) error {
-	ctx := context.Context(dctx)
+// context than ctx, OnHandled gets the call's duration and error.
+func (d *deliverer) callHooked(hs *hookSet, dctx *deliveryCtx, ctx context.Context, msg *EnhancedMessage) error {
 	for _, h := range hs.handle {
 		if c := h.OnHandle(ctx, msg); c != nil {
 			ctx = c
