@@ -165,7 +165,8 @@ type worker struct {
 	dctx     *deliveryCtx
 	batch    []*EnhancedMessage
 	finished []*EnhancedMessage
-	freed    []string    // OrderedByKey: keys whose message finished, to release (see runKeyed)
+	todo     []keyedMsg  // OrderedByKey: the messages a turn starts (see runKeyed)
+	freed    []*keySlot  // OrderedByKey: keys whose message finished, to release
 	guard    *time.Timer // calls another worker when a batch runs long
 	sched    atomic.Pointer[scheduler]
 	yielded  time.Time // when it last yielded the processor

@@ -16,13 +16,92 @@ import (
 // messages are taken from the buffer (in flight for it), but not
 // started: a revoke abandons them with the rest (see dropWaiting).
 
-// keyed is a queue's keys in flight, each with the messages of that key
-// taken behind it, in offset order, and the messages ready to start
-// (their key claimed for them, not started yet), in offset order.
+// keyed is a queue's keys in flight and the messages ready to start
+// (their key claimed for them, not started yet), in offset order. Each
+// key has a slot: busy while a message of the key is ready or in flight,
+// with the messages of that key taken behind it, in offset order. A
+// message carries its slot from the sort to its finish, so a key costs
+// one map lookup per message; idle slots stay in the map (a recurring key
+// finds its slot) until they outnumber the busy ones (see sweep), so the
+// map holds about the keys in flight, not every key ever seen.
 type keyed struct {
 	mu    sync.Mutex
-	busy  map[string][]*EnhancedMessage
-	ready fifo[*EnhancedMessage]
+	slots map[string]*keySlot
+	busy  int // busy slots
+	ready fifo[keyedMsg]
+}
+
+// keySlot is a key's state in a queue (see keyed).
+type keySlot struct {
+	busy    bool
+	waiting fifo[*EnhancedMessage]
+}
+
+// keyedMsg is a message with its key's slot (nil for an empty key).
+type keyedMsg struct {
+	msg  *EnhancedMessage
+	slot *keySlot
+}
+
+// sweepMin is the idle slots a queue keeps at least before sweep drops
+// them.
+const sweepMin = 1024
+
+func newKeyed() *keyed { return &keyed{slots: map[string]*keySlot{}} }
+
+// sort files msg, just taken from the buffer: ready when its key is free
+// (or empty), else waiting behind its key. Under k.mu.
+func (k *keyed) sort(msg *EnhancedMessage) {
+	if msg.Key == "" {
+		k.ready.push(keyedMsg{msg: msg})
+		return
+	}
+	s := k.slots[msg.Key]
+	if s == nil {
+		k.sweep()
+		s = &keySlot{}
+		k.slots[msg.Key] = s
+	}
+	if s.busy {
+		s.waiting.push(msg)
+		return
+	}
+	s.busy = true
+	k.busy++
+	k.ready.push(keyedMsg{msg, s})
+}
+
+// release ends the turn of s's message, finished: the key's next waiting
+// message is ready (the key stays claimed for it), or the key is free.
+// Under k.mu.
+func (k *keyed) release(s *keySlot) {
+	if s.waiting.len() > 0 {
+		k.ready.push(keyedMsg{s.waiting.pop(), s})
+		return
+	}
+	k.free(s)
+}
+
+// free marks s idle. Under k.mu.
+func (k *keyed) free(s *keySlot) {
+	if s.busy {
+		s.busy = false
+		k.busy--
+	}
+}
+
+// sweep drops the idle slots once they outnumber the busy ones by
+// sweepMin: each sweep follows at least as many new slots as it visits
+// busy ones, so its cost per message is constant. Under k.mu.
+func (k *keyed) sweep() {
+	if len(k.slots) < 2*k.busy+sweepMin {
+		return
+	}
+	for key, s := range k.slots {
+		if !s.busy {
+			delete(k.slots, key)
+		}
+	}
 }
 
 // hasReady reports whether messages are ready to start.
@@ -49,35 +128,20 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 	k := r.keys
 	woke := false
 	fin := w.finished[:0] // finished, to mark done together
-	freed := w.freed[:0]  // their keys, released at the next lock
+	freed := w.freed[:0]  // their keys' slots, released at the next lock
 	for range keyedTurns {
 		k.mu.Lock()
 		// The keys of what finished last turn: each key's next waiting
-		// message is ready now (the key stays claimed for it), or the
-		// key is free.
-		for _, key := range freed {
-			q := k.busy[key]
-			if len(q) == 0 {
-				delete(k.busy, key)
-				continue
-			}
-			k.ready.push(q[0])
-			q[0] = nil
-			k.busy[key] = q[1:]
+		// message is ready now, or the key is free.
+		for _, s := range freed {
+			k.release(s)
 		}
 		clear(freed)
 		freed = freed[:0]
 		if k.ready.len() == 0 && r.admits() {
 			n, _ := r.buf.takeShare(w.batch, m.cfg.concurrency, 1)
 			for _, msg := range w.batch[:n] {
-				if msg.Key != "" {
-					if q, busy := k.busy[msg.Key]; busy {
-						k.busy[msg.Key] = append(q, msg)
-						continue
-					}
-					k.busy[msg.Key] = nil
-				}
-				k.ready.push(msg)
+				k.sort(msg)
 			}
 			clear(w.batch[:n])
 		}
@@ -86,10 +150,11 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 		if d.measured.Load() && d.cost.Load()*maxAlone <= int64(shareBudget) {
 			take = maxAlone
 		}
-		todo := w.batch[:0]
+		todo := w.todo[:0]
 		for len(todo) < take && k.ready.len() > 0 {
 			todo = append(todo, k.ready.pop())
 		}
+		w.todo = todo
 		more := k.ready.len()
 		k.mu.Unlock()
 		if len(todo) == 0 {
@@ -103,10 +168,11 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 			woke = true
 		}
 		stopped := false
-		for i, msg := range todo {
+		for i, km := range todo {
+			msg := km.msg
 			if !r.admit() {
 				for _, left := range todo[i:] {
-					d.abandonKey(r, left)
+					d.abandonSlot(r, left)
 				}
 				r.dropWaiting()
 				stopped = true
@@ -126,8 +192,8 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 				continue // in flight (a retry scheduled, its key waiting), or given back
 			}
 			fin = append(fin, msg)
-			if msg.Key != "" {
-				freed = append(freed, msg.Key)
+			if km.slot != nil {
+				freed = append(freed, km.slot)
 			}
 			if len(fin) >= maxAlone {
 				fin = d.finishAll(r, fin)
@@ -140,15 +206,8 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 	}
 	if len(freed) > 0 {
 		k.mu.Lock()
-		for _, key := range freed {
-			q := k.busy[key]
-			if len(q) == 0 {
-				delete(k.busy, key)
-				continue
-			}
-			k.ready.push(q[0])
-			q[0] = nil
-			k.busy[key] = q[1:]
+		for _, s := range freed {
+			k.release(s)
 		}
 		k.mu.Unlock()
 		clear(freed)
@@ -210,33 +269,44 @@ func (d *deliverer) nextOfKey(r *queueRun, key string) *EnhancedMessage {
 	k := r.keys
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	q, busy := k.busy[key]
-	if !busy {
+	s := k.slots[key]
+	if s == nil || !s.busy {
 		return nil
 	}
-	if len(q) == 0 {
-		delete(k.busy, key)
+	if s.waiting.len() == 0 {
+		k.free(s)
 		return nil
 	}
-	next := q[0]
-	q[0] = nil
-	k.busy[key] = q[1:]
-	return next
+	return s.waiting.pop()
 }
 
 // abandonKey gives msg back unfinished, and with it, when r orders by
 // key, the messages waiting behind msg's key, which is free again.
 func (d *deliverer) abandonKey(r *queueRun, msg *EnhancedMessage) {
-	r.buf.abandon(msg)
-	if r.keys == nil || msg.Key == "" {
+	var s *keySlot
+	if r.keys != nil && msg.Key != "" {
+		r.keys.mu.Lock()
+		s = r.keys.slots[msg.Key]
+		r.keys.mu.Unlock()
+	}
+	d.abandonSlot(r, keyedMsg{msg, s})
+}
+
+// abandonSlot is abandonKey for a message whose slot is known.
+func (d *deliverer) abandonSlot(r *queueRun, km keyedMsg) {
+	r.buf.abandon(km.msg)
+	if km.slot == nil {
 		return
 	}
 	k := r.keys
 	k.mu.Lock()
-	q := k.busy[msg.Key]
-	delete(k.busy, msg.Key)
+	var waiting []*EnhancedMessage
+	for km.slot.waiting.len() > 0 {
+		waiting = append(waiting, km.slot.waiting.pop())
+	}
+	k.free(km.slot)
 	k.mu.Unlock()
-	r.buf.abandon(q...)
+	r.buf.abandon(waiting...)
 }
 
 // dropWaiting gives back, unfinished, every message of r waiting behind
@@ -249,15 +319,16 @@ func (r *queueRun) dropWaiting() {
 	k := r.keys
 	k.mu.Lock()
 	var waiting []*EnhancedMessage
-	for key, q := range k.busy {
-		waiting = append(waiting, q...)
-		k.busy[key] = nil
+	for _, s := range k.slots {
+		for s.waiting.len() > 0 {
+			waiting = append(waiting, s.waiting.pop())
+		}
 	}
 	for k.ready.len() > 0 {
-		msg := k.ready.pop()
-		waiting = append(waiting, msg)
-		if msg.Key != "" {
-			delete(k.busy, msg.Key)
+		km := k.ready.pop()
+		waiting = append(waiting, km.msg)
+		if km.slot != nil {
+			k.free(km.slot)
 		}
 	}
 	k.mu.Unlock()

@@ -94,7 +94,7 @@ func (m *groupMember) newRun(q int, sess Session) *queueRun {
 	}
 	r.queue = r.t.queues[q]
 	if m.cfg.orderedByKey {
-		r.keys = &keyed{busy: map[string][]*EnhancedMessage{}}
+		r.keys = newKeyed()
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.hctx, r.hcancel = context.WithCancel(context.Background())
