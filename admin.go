@@ -371,9 +371,16 @@ func ForceDelete() DeleteTopicOption {
 // [ErrGroupActive] unless [ForceDelete] is given. The storage must implement
 // [TopicDeleter] (the memory and file storages do): otherwise
 // [ErrInvalidOption]. An unknown topic is [ErrTopicNotFound]. A later
-// Send to the topic is [ErrTopicNotFound]. Brokers sharing the storage
-// find the topic gone on their next lookup; the ones holding it open get
-// [ErrClosed] from its queues.
+// Send to the topic is [ErrTopicNotFound], in every broker sharing the
+// storage: one that has the topic open finds it gone when its queues say
+// [ErrClosed], and finds a topic created again under the name (another
+// incarnation, see [TopicMeta.Incarnation]) the same way: a Send goes to
+// the new topic, a SendBatch or SendAsync that failed is not sent again
+// (a part of it may be stored) but the next goes to the new topic.
+// Delayed messages and retries bound for the deleted topic are dropped
+// when due, never delivered to a topic created again. Consumers in other
+// brokers on the deleted topic get ErrClosed from its queues (see
+// [WithOnError]) until they are closed.
 func (b *Broker) DeleteTopic(ctx context.Context, name string, opts ...DeleteTopicOption) error {
 	var cfg deleteTopicConfig
 	for _, o := range opts {

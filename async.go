@@ -477,6 +477,7 @@ func (pp *pipe) store(ss []*asyncSend) error {
 		first, err = pp.q.Write(ctx, ems)
 	}
 	if err != nil {
+		p.recheck(ctx, ss[0].em.Topic, err) // the next send finds a topic created again
 		return err
 	}
 	for _, s := range ss {

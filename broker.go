@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -165,56 +166,127 @@ func (b *Broker) CreateTopic(ctx context.Context, meta TopicMeta) error {
 	return b.createTopic(ctx, meta)
 }
 
-// createTopic is CreateTopic, for a system topic too.
+// createTopic is CreateTopic, for a system topic too. The storage decides
+// (another broker sharing it may have deleted the topic, or created it
+// again, since this one opened it): the topic this broker has open is
+// replaced when the storage holds another incarnation.
 func (b *Broker) createTopic(ctx context.Context, meta TopicMeta) error {
 	if err := meta.Validate(); err != nil {
 		return &Error{Op: "create topic", Err: err}
 	}
 	meta = meta.Normalized()
+	meta.Incarnation = newIncarnation()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed.Load() {
 		return &Error{Op: fmt.Sprintf("create topic %q", meta.Name), Err: ErrClosed}
 	}
-	if t, ok := b.lookup(meta.Name); ok {
-		if t.meta == meta {
-			return nil
-		}
-		return &Error{Op: fmt.Sprintf("create topic %q", meta.Name), Err: fmt.Errorf("%w: have %+v, asked %+v", ErrTopicExists, t.meta, meta)}
-	}
 	if err := ctx.Err(); err != nil {
 		return &Error{Op: fmt.Sprintf("create topic %q", meta.Name), Err: err}
 	}
-	if err := b.saveTopic(ctx, meta); err != nil {
+	stored, err := b.saveTopic(ctx, meta)
+	if errors.Is(err, ErrTopicExists) {
+		// Another topic of that name; this broker's may be an earlier
+		// one. The error shows the one there, as the storage has it.
+		if have, serr := b.storedTopic(ctx, meta.Name); serr == nil {
+			have = have.Normalized()
+			if cur, ok := b.lookup(meta.Name); ok {
+				_, _ = b.adoptLocked(ctx, cur, have)
+			}
+			have.Incarnation, meta.Incarnation = 0, 0
+			err = fmt.Errorf("%w: have %+v, asked %+v", ErrTopicExists, have, meta)
+		}
+	}
+	if err != nil {
 		return &Error{Op: fmt.Sprintf("create topic %q", meta.Name), Err: err}
 	}
-	t, err := b.openTopic(ctx, meta)
-	if err != nil {
+	cur, _ := b.lookup(meta.Name)
+	if _, err := b.adoptLocked(ctx, cur, stored); err != nil {
 		return &Error{Op: "create topic", Err: err}
 	}
-	b.publish(t)
-	b.log.Info("ferry: topic created", "topic", meta.Name, "queues", meta.Queues)
+	if stored.Incarnation == meta.Incarnation {
+		b.log.Info("ferry: topic created", "topic", meta.Name, "queues", meta.Queues)
+	}
 	return nil
 }
 
+// newIncarnation returns a new topic incarnation (see
+// [TopicMeta.Incarnation]): random, never zero.
+func newIncarnation() uint64 { return rand.Uint64() | 1 }
+
 // saveTopic records meta in the storage unless a topic of that name is
-// there: equal metadata is fine, different is ErrTopicExists. A
-// [SharedStorage] decides atomically; over another storage, brokers that
-// share it may race.
-func (b *Broker) saveTopic(ctx context.Context, meta TopicMeta) error {
+// there: matching metadata is fine, other is ErrTopicExists. It returns
+// the metadata stored, normalized: meta, or the topic that was there,
+// with its incarnation. A [SharedStorage] decides atomically; over
+// another storage, brokers that share it may race.
+func (b *Broker) saveTopic(ctx context.Context, meta TopicMeta) (TopicMeta, error) {
 	if ss, ok := b.storage.(SharedStorage); ok {
-		return ss.CreateTopic(ctx, meta)
+		if err := ss.CreateTopic(ctx, meta); err != nil {
+			return TopicMeta{}, err
+		}
+		have, err := ss.Topic(ctx, meta.Name)
+		if err != nil {
+			return TopicMeta{}, err
+		}
+		return have.Normalized(), nil
 	}
 	have, err := b.storedTopic(ctx, meta.Name)
 	switch {
-	case err == nil && have.Normalized() == meta:
-		return nil
+	case err == nil && have.Matches(meta):
+		return have.Normalized(), nil
 	case err == nil:
-		return fmt.Errorf("%w: have %+v, asked %+v", ErrTopicExists, have.Normalized(), meta)
+		return TopicMeta{}, fmt.Errorf("%w: have %+v, asked %+v", ErrTopicExists, have.Normalized(), meta)
 	case !errors.Is(err, ErrTopicNotFound):
-		return err
+		return TopicMeta{}, err
 	}
-	return b.storage.SaveTopic(ctx, meta)
+	return meta, b.storage.SaveTopic(ctx, meta)
+}
+
+// refresh looks topic t up in the storage again after one of its queues
+// said ErrClosed while the broker is open: another broker sharing the
+// storage may have deleted it (ErrTopicNotFound; t is dropped) or
+// created it again (the new incarnation is opened and replaces t). It
+// returns the topic open now: t itself when the storage holds the same
+// incarnation (the error was not about the topic).
+func (b *Broker) refresh(ctx context.Context, t *topicState) (*topicState, error) {
+	name := t.meta.Name
+	meta, err := b.storedTopic(ctx, name)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	cur, ok := b.lookup(name)
+	if err != nil {
+		if errors.Is(err, ErrTopicNotFound) && ok && cur == t {
+			b.unpublish(name)
+			t.stale.Store(true)
+		}
+		return nil, err
+	}
+	if !ok {
+		cur = t
+	}
+	return b.adoptLocked(ctx, cur, meta.Normalized())
+}
+
+// adoptLocked makes the topic of meta, as the storage holds it, the one
+// open: cur (nil when none is open) when it is the same incarnation, or
+// a new topic replacing cur (which producers then leave, see stale).
+// b.mu held.
+func (b *Broker) adoptLocked(ctx context.Context, cur *topicState, meta TopicMeta) (*topicState, error) {
+	if cur != nil && cur.meta.Incarnation == meta.Incarnation {
+		return cur, nil
+	}
+	t, err := b.openTopic(ctx, meta)
+	if err != nil {
+		return nil, err
+	}
+	if cur != nil {
+		cur.stale.Store(true)
+	}
+	b.publish(t)
+	return t, nil
 }
 
 // storedTopic returns the metadata the storage holds for name, or
@@ -292,7 +364,10 @@ func (b *Broker) each(f func(t *topicState)) {
 	b.topics.each(f)
 }
 
-// Topic returns the metadata of the named topic.
+// Topic returns the metadata of the named topic, as this broker has it
+// open: a topic that another broker sharing the storage deleted, or
+// deleted and created again, is seen so on this broker's next send to it
+// or CreateTopic of it (see [TopicMeta.Incarnation]).
 func (b *Broker) Topic(name string) (TopicMeta, bool) {
 	t, err := b.topic(name)
 	if err != nil {

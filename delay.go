@@ -58,6 +58,11 @@ const (
 	headerDelayTopic = "ferry-delay-topic"
 	headerDelayQueue = "ferry-delay-queue"
 	headerDelayHop   = "ferry-delay-hop"
+	// headerDelayIncarnation is the incarnation of the target topic when
+	// the message was placed (see TopicMeta.Incarnation): a message bound
+	// for a topic deleted and created again since is dropped, not
+	// delivered to the new one.
+	headerDelayIncarnation = "ferry-delay-incarnation"
 )
 
 // IsDelayTopic reports whether name is one of the internal topics where
@@ -249,7 +254,7 @@ func (d *delayer) placeIn(ctx context.Context, em *EnhancedMessage, target Queue
 			n = m // the clock moved on meanwhile
 			continue
 		}
-		w := delayedMessage(lv, em, target, at, now.Add(hop))
+		w := d.delayedMessage(lv, em, target, at, now.Add(hop))
 		err = write(ctx, lv.queue, w, wait)
 		lv.wmu.Unlock()
 		if err != nil {
@@ -303,7 +308,7 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 				alone = append(alone, i)
 				continue
 			}
-			batch = append(batch, delayedMessage(lv, m.em, m.target, m.at, now.Add(hop)))
+			batch = append(batch, d.delayedMessage(lv, m.em, m.target, m.at, now.Add(hop)))
 		}
 		_, err = lv.queue.Write(ctx, batch)
 		lv.wmu.Unlock()
@@ -332,9 +337,17 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 
 // delayedMessage returns em as level lv stores it: bound for target at at,
 // its hop ending at hop.
-func delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time.Time) *EnhancedMessage {
-	h := make(map[string]string, len(em.Headers)+4)
+func (d *delayer) delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time.Time) *EnhancedMessage {
+	h := make(map[string]string, len(em.Headers)+5)
 	maps.Copy(h, em.Headers)
+	if !IsDelayTopic(em.Topic) {
+		// Placed by a producer or a retry: bound for the target topic's
+		// incarnation now (a move down keeps the one it was placed with).
+		delete(h, headerDelayIncarnation)
+		if t, ok := d.b.lookup(target.Topic); ok && t.meta.Incarnation != 0 {
+			h[headerDelayIncarnation] = strconv.FormatUint(t.meta.Incarnation, 10)
+		}
+	}
 	h[HeaderDeliverAt] = strconv.FormatInt(at.UnixNano(), 10)
 	h[headerDelayTopic] = target.Topic
 	h[headerDelayQueue] = strconv.Itoa(target.Queue)

@@ -3,6 +3,7 @@ package ferry
 import (
 	"container/heap"
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -217,9 +218,29 @@ func (d *delayer) act(a *delayAction, now time.Time) int {
 		}
 		return d.failed(a, err)
 	}
+	if inc, _ := strconv.ParseUint(a.msg.Headers[headerDelayIncarnation], 10, 64); inc != 0 && t.meta.Incarnation != inc {
+		// This broker's view of the topic may be behind: ask the storage.
+		if nt, err := d.b.refresh(d.ctx, t); err == nil {
+			t = nt
+		} else if !errors.Is(err, ErrTopicNotFound) {
+			return d.failed(a, err)
+		}
+		if t.meta.Incarnation != inc {
+			d.b.log.Info("ferry: delayed delivery: topic deleted and created again since, dropping the message", "topic", a.target.Topic, "id", a.msg.ID.String())
+			return acted
+		}
+	}
 	q := t.queues[a.target.Queue%len(t.queues)]
 	em := delivered(t, a.msg, moveKey(a))
 	if err := write(d.ctx, q, em, false); err != nil {
+		if errors.Is(err, ErrClosed) && d.ctx.Err() == nil {
+			// Deleted, or created again, through another broker: the
+			// next try sees what the storage holds.
+			if _, rerr := d.b.refresh(d.ctx, t); errors.Is(rerr, ErrTopicNotFound) {
+				d.b.log.Error("ferry: delayed delivery: topic gone, dropping the message", "topic", a.target.Topic, "id", a.msg.ID.String())
+				return acted
+			}
+		}
 		return d.failed(a, err)
 	}
 	return acted

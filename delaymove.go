@@ -333,7 +333,7 @@ func stripDelay(h map[string]string) map[string]string {
 	out := make(map[string]string, len(h))
 	for k, v := range h {
 		switch k {
-		case headerDelayTopic, headerDelayQueue, headerDelayHop:
+		case headerDelayTopic, headerDelayQueue, headerDelayHop, headerDelayIncarnation:
 			continue
 		}
 		out[k] = v

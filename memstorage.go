@@ -123,7 +123,7 @@ func (s *MemoryStorage) CreateTopic(ctx context.Context, meta TopicMeta) error {
 		return &Error{Op: "create topic", Err: ErrClosed}
 	}
 	if have, ok := s.topics[meta.Name]; ok {
-		if have != meta {
+		if !have.Matches(meta) {
 			return &Error{Op: fmt.Sprintf("create topic %q", meta.Name), Err: fmt.Errorf("%w: have %+v, asked %+v", ErrTopicExists, have, meta)}
 		}
 		return nil

@@ -174,6 +174,16 @@ type TopicMeta struct {
 	// the window, whatever its retention: memory grows with the rate of
 	// keyed messages times the window.
 	DedupWindow time.Duration
+	// Incarnation tells this topic from an earlier one of the same name,
+	// deleted since: [Broker.CreateTopic] gives every topic it creates a
+	// new one (a value passed to it is ignored), the storage keeps it, and
+	// a broker sharing the storage that finds another incarnation than
+	// the one it has open knows that topic was deleted and created again
+	// (its producers move to the new topic; a delayed message or a retry
+	// bound for the old one is dropped, not delivered to the new). Zero
+	// for a topic saved before incarnations existed. It is not part of
+	// the topic's settings: see [TopicMeta.Matches].
+	Incarnation uint64
 }
 
 // Deduplication windows (see [TopicMeta.DedupWindow]).
@@ -217,8 +227,8 @@ func (meta TopicMeta) Validate() error {
 }
 
 // Normalized returns meta with the defaults of zero retention fields and
-// of a zero DedupWindow filled in. Two metadata values describe the same topic when their normalized
-// forms are equal.
+// of a zero DedupWindow filled in. Two metadata values describe the same
+// topic settings when they match (see [TopicMeta.Matches]).
 func (meta TopicMeta) Normalized() TopicMeta {
 	if meta.Retention.MaxMessages == 0 {
 		meta.Retention.MaxMessages = DefaultRetentionMessages
@@ -233,4 +243,13 @@ func (meta TopicMeta) Normalized() TopicMeta {
 		meta.DedupWindow = DefaultDedupWindow
 	}
 	return meta
+}
+
+// Matches reports whether meta and other describe the same topic
+// settings: equal once normalized, whatever their incarnations. Creating
+// a topic that exists is idempotent when the metadata match.
+func (meta TopicMeta) Matches(other TopicMeta) bool {
+	a, b := meta.Normalized(), other.Normalized()
+	a.Incarnation, b.Incarnation = 0, 0
+	return a == b
 }

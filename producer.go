@@ -2,6 +2,7 @@ package ferry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -187,6 +188,9 @@ func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 		return SendResult{}, &Error{Op: "send", Err: err}
 	}
 	r, err := p.send(ctx, m, true)
+	if err != nil && p.replaced(ctx, m, &err) {
+		r, err = p.send(ctx, m, true)
+	}
 	if err != nil {
 		p.failed.Add(1)
 		return SendResult{}, &Error{Op: "send", Err: err}
@@ -200,12 +204,56 @@ func (p *Producer) Send(ctx context.Context, m *Message) (SendResult, error) {
 // [TryWriter] is written with Write).
 func (p *Producer) TrySend(m *Message) (SendResult, error) {
 	r, err := p.send(context.Background(), m, false)
+	if err != nil && p.replaced(context.Background(), m, &err) {
+		r, err = p.send(context.Background(), m, false)
+	}
 	if err != nil {
 		p.failed.Add(1)
 		return SendResult{}, &Error{Op: "try send", Err: err}
 	}
 	p.sent.Add(1)
 	return r, nil
+}
+
+// replaced reports whether the send of m, which failed with *err, is
+// worth making again: its topic's queue said ErrClosed while producer and
+// broker are open, and the storage holds another incarnation of the
+// topic (another broker deleted it and created it again), which is open
+// now. When the storage holds no such topic, *err becomes
+// ErrTopicNotFound. A closed queue stored nothing, so the send is made at
+// most twice and stored at most once.
+func (p *Producer) replaced(ctx context.Context, m *Message, err *error) bool {
+	if m == nil {
+		return false
+	}
+	t, nt, rerr := p.recheck(ctx, m.Topic, *err)
+	if t == nil {
+		return false
+	}
+	switch {
+	case errors.Is(rerr, ErrTopicNotFound):
+		*err = rerr
+		return false
+	case rerr != nil:
+		return false
+	}
+	return nt != t
+}
+
+// recheck asks the storage about topic after a send to it failed with
+// err, when err is ErrClosed while producer and broker are open (see
+// replaced): t is the topic that was open (nil when recheck did
+// nothing), nt the one open now, rerr what the storage said.
+func (p *Producer) recheck(ctx context.Context, topic string, err error) (t, nt *topicState, rerr error) {
+	if !errors.Is(err, ErrClosed) || p.closed.Load() || p.b.closed.Load() {
+		return nil, nil, nil
+	}
+	t, ok := p.b.lookup(topic)
+	if !ok {
+		return nil, nil, nil
+	}
+	nt, rerr = p.b.refresh(ctx, t)
+	return t, nt, rerr
 }
 
 // send is Send, or TrySend when wait is false. For a MemoryQueue the
@@ -372,6 +420,17 @@ func (p *Producer) route(em *EnhancedMessage, meta TopicMeta) (int, error) {
 // the others, with one write per delay level.
 func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult, error) {
 	results, ems, err := p.sendBatch(ctx, msgs)
+	if errors.Is(err, ErrClosed) {
+		// Not sent again (a part of it may be stored), but the next
+		// send finds a topic another broker created again.
+		seen := map[string]bool{}
+		for _, m := range msgs {
+			if m != nil && !seen[m.Topic] {
+				seen[m.Topic] = true
+				p.recheck(ctx, m.Topic, err)
+			}
+		}
+	}
 	p.countBatch(results, len(msgs), err)
 	if p.hooks != nil {
 		for i := range ems {

@@ -119,10 +119,24 @@ func (s *storageSuite) topics(t *testing.T, w *watchdog) {
 	if s.f.Block {
 		metaC.Retention.Overflow = ferry.Block
 	}
+	metaB := metaB
+	metaB.Incarnation = 1<<63 + 7 // kept as it is, like the rest
 	for _, m := range []ferry.TopicMeta{metaB, metaC, metaA} {
 		must(t, st.SaveTopic(w.ctx, m), "SaveTopic "+m.Name)
 	}
 	wantTopics(t, w, st, metaC, metaA, metaB)
+	if ss, ok := st.(ferry.SharedStorage); ok {
+		// Matching metadata of another incarnation: the topic there
+		// stays, with its own.
+		again := metaB
+		again.Incarnation = 99
+		must(t, ss.CreateTopic(w.ctx, again), "CreateTopic of a topic there, another incarnation")
+		got, err := ss.Topic(w.ctx, metaB.Name)
+		must(t, err, "Topic")
+		if got.Incarnation != metaB.Incarnation {
+			t.Fatalf("Topic(%q).Incarnation = %d after CreateTopic of another incarnation, want %d (the first)", metaB.Name, got.Incarnation, metaB.Incarnation)
+		}
+	}
 	changed := metaA
 	changed.Queues = 3
 	changed.Retention.MaxMessages = 7
@@ -257,6 +271,8 @@ func (s *storageSuite) wideQueues(t *testing.T, w *watchdog) {
 func (s *storageSuite) reopen(t *testing.T, w *watchdog) {
 	dir := t.TempDir()
 	st := s.openAt(t, w, dir)
+	metaA := metaA
+	metaA.Incarnation = 12345 // a persistent storage keeps it
 	must(t, st.SaveTopic(w.ctx, metaA), "SaveTopic")
 	must(t, st.SaveTopic(w.ctx, metaB), "SaveTopic")
 	var written [2][]*ferry.EnhancedMessage

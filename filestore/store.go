@@ -234,10 +234,12 @@ type metaFile struct {
 	// DedupWindow is absent from the files of earlier versions: zero,
 	// the default window.
 	DedupWindow int64 `json:"dedup_window_ns,omitempty"`
+	// Incarnation is absent from the files of earlier versions: zero.
+	Incarnation uint64 `json:"incarnation,omitempty"`
 }
 
 func encodeMeta(m ferry.TopicMeta) []byte {
-	j, _ := json.Marshal(metaFile{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow), int64(m.DedupWindow)})
+	j, _ := json.Marshal(metaFile{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow), int64(m.DedupWindow), m.Incarnation})
 	b := binary.LittleEndian.AppendUint32(nil, crc32.Checksum(j, castagnoli))
 	return append(b, j...)
 }
@@ -266,7 +268,7 @@ func readMetaFile(root *os.Root, tdir, name string) (_ ferry.TopicMeta, ok bool,
 	}
 	meta := ferry.TopicMeta{Name: mf.Name, Queues: mf.Queues, Retention: ferry.Retention{
 		MaxMessages: mf.MaxMessages, MaxBytes: mf.MaxBytes, MaxAge: time.Duration(mf.MaxAge), Overflow: ferry.Overflow(mf.Overflow),
-	}, DedupWindow: time.Duration(mf.DedupWindow)}
+	}, DedupWindow: time.Duration(mf.DedupWindow), Incarnation: mf.Incarnation}
 	if err := meta.Validate(); err != nil || meta.Name != name {
 		return ferry.TopicMeta{}, false, fmt.Errorf("%w: %s: metadata %+v in folder %q", ferry.ErrCorrupt, mpath, meta, name)
 	}
@@ -399,7 +401,7 @@ func (st *Store) saveTopic(ctx context.Context, op string, meta ferry.TopicMeta,
 		return &ferry.Error{Op: "filestore: " + op, Err: ferry.ErrClosed}
 	}
 	if have, ok := st.topics[meta.Name]; ok && ifAbsent {
-		if have != meta {
+		if !have.Matches(meta) {
 			return &ferry.Error{Op: fmt.Sprintf("filestore: %s %q", op, meta.Name), Err: fmt.Errorf("%w: have %+v, asked %+v", ferry.ErrTopicExists, have, meta)}
 		}
 		return nil

@@ -105,10 +105,12 @@ type topicValue struct {
 	MaxBytes    int64  `json:"max_bytes"`
 	MaxAgeNanos int64  `json:"max_age_ns"`
 	Overflow    int    `json:"overflow"`
+	// Incarnation is absent from the values of earlier versions: zero.
+	Incarnation uint64 `json:"incarnation,omitempty"`
 }
 
 func encodeMeta(m ferry.TopicMeta) []byte {
-	b, _ := json.Marshal(topicValue{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow)})
+	b, _ := json.Marshal(topicValue{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow), m.Incarnation})
 	return b
 }
 
@@ -118,7 +120,7 @@ func decodeMeta(b []byte) (ferry.TopicMeta, error) {
 		return ferry.TopicMeta{}, fmt.Errorf("%w: topic metadata: %v", ferry.ErrCorrupt, err)
 	}
 	m := ferry.TopicMeta{Name: v.Name, Queues: v.Queues, Retention: ferry.Retention{
-		MaxMessages: v.MaxMessages, MaxBytes: v.MaxBytes, MaxAge: timeDuration(v.MaxAgeNanos), Overflow: ferry.Overflow(v.Overflow)}}
+		MaxMessages: v.MaxMessages, MaxBytes: v.MaxBytes, MaxAge: timeDuration(v.MaxAgeNanos), Overflow: ferry.Overflow(v.Overflow)}, Incarnation: v.Incarnation}
 	return m, nil
 }
 
@@ -208,7 +210,7 @@ func (s *Store) CreateTopic(ctx context.Context, meta ferry.TopicMeta) error {
 		if err != nil {
 			return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: err}
 		}
-		if have.Normalized() != meta.Normalized() {
+		if !have.Matches(meta) {
 			return &ferry.Error{Op: fmt.Sprintf("natsstore: create topic %s", meta.Name), Err: fmt.Errorf("%w: have %+v", ferry.ErrTopicExists, have)}
 		}
 		return nil

@@ -328,7 +328,7 @@ func (s *Server) createTopic(ctx context.Context, meta ferry.TopicMeta) error {
 		return s.st.SaveTopic(ctx, meta)
 	case err != nil:
 		return err
-	case got.Normalized() != meta.Normalized():
+	case !got.Matches(meta):
 		return fmt.Errorf("%w: remote: topic %q", ferry.ErrTopicExists, meta.Name)
 	}
 	return nil
