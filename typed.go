@@ -197,18 +197,20 @@ func NewTypedProducer[T any](p *Producer, opts ...TypedOption[T]) (*TypedProduce
 // Producer returns the producer tp sends with.
 func (tp *TypedProducer[T]) Producer() *Producer { return tp.p }
 
-// message encodes m into a Message, checking m and ctx first (bad input,
-// nothing sent: the error is as the producer's own).
-func (tp *TypedProducer[T]) message(m *TypedMessage[T]) (*Message, error) {
+// message fills dst with m, its Value encoded (bad input: an error as
+// the producer's own, nothing sent). dst is the caller's, on its stack
+// where the producer lets it be.
+func (tp *TypedProducer[T]) message(dst *Message, m *TypedMessage[T]) error {
 	if m == nil {
-		return nil, fmt.Errorf("%w: nil message", ErrInvalidMessage)
+		return fmt.Errorf("%w: nil message", ErrInvalidMessage)
 	}
 	body, err := tp.cfg.encode(m.Value)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return &Message{Topic: m.Topic, Key: m.Key, Tag: m.Tag, Headers: m.Headers, Body: body,
-		DedupKey: m.DedupKey, DeliverAt: m.DeliverAt}, nil
+	*dst = Message{Topic: m.Topic, Key: m.Key, Tag: m.Tag, Headers: m.Headers, Body: body,
+		DedupKey: m.DedupKey, DeliverAt: m.DeliverAt}
+	return nil
 }
 
 // Send encodes m's Value and sends m as [Producer.Send] does, returning
@@ -218,20 +220,20 @@ func (tp *TypedProducer[T]) Send(ctx context.Context, m *TypedMessage[T]) (SendR
 	if err := checkContext(ctx); err != nil {
 		return SendResult{}, &Error{Op: "send", Err: err}
 	}
-	msg, err := tp.message(m)
-	if err != nil {
+	var msg Message
+	if err := tp.message(&msg, m); err != nil {
 		return SendResult{}, &Error{Op: "send", Err: err}
 	}
-	return tp.p.Send(ctx, msg)
+	return tp.p.Send(ctx, &msg)
 }
 
 // TrySend is Send that never waits for room (see [Producer.TrySend]).
 func (tp *TypedProducer[T]) TrySend(m *TypedMessage[T]) (SendResult, error) {
-	msg, err := tp.message(m)
-	if err != nil {
+	var msg Message
+	if err := tp.message(&msg, m); err != nil {
 		return SendResult{}, &Error{Op: "try send", Err: err}
 	}
-	return tp.p.TrySend(msg)
+	return tp.p.TrySend(&msg)
 }
 
 // SendBatch encodes every message's Value, then sends them as
@@ -242,13 +244,13 @@ func (tp *TypedProducer[T]) SendBatch(ctx context.Context, msgs []*TypedMessage[
 	if err := checkContext(ctx); err != nil {
 		return nil, &Error{Op: "send batch", Err: err}
 	}
+	all := make([]Message, len(msgs))
 	out := make([]*Message, len(msgs))
 	for i, m := range msgs {
-		msg, err := tp.message(m)
-		if err != nil {
+		if err := tp.message(&all[i], m); err != nil {
 			return nil, &Error{Op: fmt.Sprintf("send batch: message %d", i), Err: err}
 		}
-		out[i] = msg
+		out[i] = &all[i]
 	}
 	return tp.p.SendBatch(ctx, out)
 }
@@ -261,11 +263,11 @@ func (tp *TypedProducer[T]) SendAsync(ctx context.Context, m *TypedMessage[T], d
 	if err := checkContext(ctx); err != nil {
 		return &Error{Op: "send async", Err: err}
 	}
-	msg, err := tp.message(m)
-	if err != nil {
+	var msg Message
+	if err := tp.message(&msg, m); err != nil {
 		return &Error{Op: "send async", Err: err}
 	}
-	return tp.p.SendAsync(ctx, msg, done)
+	return tp.p.SendAsync(ctx, &msg, done)
 }
 
 // TypedHandler returns a [Handler] that decodes each message's body into
