@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -186,39 +188,57 @@ func TestTypedDelay(t *testing.T) {
 
 // A body that does not decode (not JSON, or JSON null for a pointer type)
 // is dead-lettered at once, its decode error in HeaderError, and the
-// handler is never called with it; the good messages around it flow.
+// handler is never called with it; the good messages around it flow. In
+// every mode: off-queue retries (the default), in place (Ordered,
+// OrderedByKey, Broadcast).
 func TestTypedDecodeFailureDeadLettered(t *testing.T) {
+	for name, opts := range map[string][]ferry.ConsumerOption{
+		"concurrent":   nil,
+		"Ordered":      {ferry.Ordered()},
+		"OrderedByKey": {ferry.OrderedByKey()},
+		"Broadcast":    {ferry.Broadcast()},
+	} {
+		t.Run(name, func(t *testing.T) { testTypedDecodeFailure(t, opts) })
+	}
+}
+
+func testTypedDecodeFailure(t *testing.T, opts []ferry.ConsumerOption) {
 	ctx := t.Context()
 	b := newTopic(t, 1)
 	p, err := b.NewProducer()
 	require.NoError(t, err)
 	defer p.Close()
 	var mu sync.Mutex
-	var got []order
+	var got []int
 	wake := make(chan struct{}, 1)
+	opts = append(opts, ferry.WithRetry(5, time.Hour)) // a retry would never come back in time
 	c := startConsumer(t, b, "g", ferry.TypedHandler(func(ctx context.Context, v *order, m *ferry.EnhancedMessage) error {
 		mu.Lock()
-		got = append(got, *v) // never nil: a nil value is a decode failure
+		got = append(got, v.ID) // never nil: a nil value is a decode failure
 		mu.Unlock()
 		select {
 		case wake <- struct{}{}:
 		default:
 		}
 		return nil
-	}), ferry.WithRetry(5, time.Hour)) // a retry would never come back in time
+	}), opts...)
 
 	for _, body := range []string{`{"id":1}`, `not json`, `null`, `{"id":"two"}`, `{"id":5}`} {
-		_, err := p.Send(ctx, &ferry.Message{Topic: "t", Body: []byte(body)})
+		_, err := p.Send(ctx, &ferry.Message{Topic: "t", Key: "k", Body: []byte(body)})
 		require.NoError(t, err)
 	}
 	ferrytest.WaitFor(t, 0, "three dead letters", func() bool { return c.Stats().DeadLettered == 3 }, nil)
 	ferrytest.WaitFor(t, 0, "the good ones", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 }, wake)
 	mu.Lock()
-	assert.Equal(t, []order{{ID: 1}, {ID: 5}}, got)
+	slices.Sort(got)
+	assert.Equal(t, []int{1, 5}, got)
 	mu.Unlock()
 
 	dl := deadLetters(t, b, "%DLQ%g")
 	require.Len(t, dl, 3)
+	slices.SortFunc(dl, func(a, b *ferry.EnhancedMessage) int {
+		return strings.Compare(a.Headers[ferry.HeaderOriginOffset], b.Headers[ferry.HeaderOriginOffset])
+	})
 	const codec = "ferry.JSONCodec[*github.com/ferrymq/ferry_test.order]"
 	for i, want := range []struct{ body, offset, err string }{
 		{`not json`, "1", "ferry: decode t[0] offset 1 with " + codec + ": invalid message: invalid character 'o' in literal null (expecting 'u')"},
@@ -231,6 +251,7 @@ func TestTypedDecodeFailureDeadLettered(t *testing.T) {
 		assert.Equal(t, "1", m.Headers[ferry.HeaderAttempts], "no retries")
 		assert.Equal(t, want.err, m.Headers[ferry.HeaderError])
 	}
+	assert.Zero(t, c.Stats().Retried)
 }
 
 // brokenCodec fails or panics as told.
@@ -423,9 +444,27 @@ func TestTypedPull(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, lag.Lag, "bad messages committed with the rest")
 
+	// With WithAutoCommit a message that did not decode is finished as
+	// any other once the loop body is done with it.
+	apc, err := b.NewPullConsumer("auto", "t", ferry.WithAutoCommit())
+	require.NoError(t, err)
+	atc, err := ferry.NewTypedPullConsumer[order](apc)
+	require.NoError(t, err)
+	n := 0
+	for r, err := range atc.Messages(ctx) {
+		require.NotNil(t, r.Msg, "%v", err)
+		if n++; n == 6 {
+			break
+		}
+	}
+	require.NoError(t, apc.Close())
+	lag, err = b.Lag(ctx, "auto", "t")
+	require.NoError(t, err)
+	assert.Zero(t, lag.Lag, "bad messages auto-committed with the rest")
+
 	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	n := 0
+	n = 0
 	for r, err := range tc.Messages(short) {
 		n++
 		assert.Nil(t, r.Msg)
