@@ -89,3 +89,28 @@ func BenchmarkTyped(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTypedHandle measures the decoding side alone, no broker: a
+// TypedHandler's Handle of one message against json.Unmarshal by hand
+// in a HandlerFunc, to isolate what the wrapper adds to the codec.
+func BenchmarkTypedHandle(b *testing.B) {
+	body, _ := json.Marshal(Order{Customer: "alice", Total: 12.5})
+	m := &ferry.EnhancedMessage{Message: ferry.Message{Topic: "t", Body: body}}
+	ctx := context.Background()
+	for name, h := range map[string]ferry.Handler{
+		"ManualJSON": ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
+			var v Order
+			return json.Unmarshal(m.Body, &v)
+		}),
+		"TypedJSON": ferry.TypedHandler(func(context.Context, Order, *ferry.EnhancedMessage) error { return nil }),
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := h.Handle(ctx, m); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
