@@ -109,6 +109,31 @@
 // input: every call that takes one, the seams' included, returns an
 // error wrapping [ErrInvalidOption] for it.
 //
+// # Typed messages
+//
+// [TypedProducer], [TypedHandler] and [TypedPullConsumer] send and handle
+// values of a Go type instead of bytes, encoding them with a
+// [BodyCodec]: [JSONCodec] (encoding/json) unless [WithBodyCodec] names
+// another; module github.com/ferrymq/ferry/protocodec has protobuf's.
+// A [TypedMessage] carries what a Message does, with a Value for the
+// body; the handler gets the value and the message (key, headers, offset):
+//
+//	orders, _ := ferry.NewTypedProducer[Order](p)
+//	_, err := orders.Send(ctx, &ferry.TypedMessage[Order]{Topic: "orders", Key: o.Customer, Value: o})
+//
+//	c, _ := b.NewConsumer("billing", "orders", ferry.TypedHandler(
+//		func(ctx context.Context, o Order, m *ferry.EnhancedMessage) error {
+//			return bill(o)
+//		}))
+//
+// A value that does not encode is bad input ([ErrInvalidMessage]; nothing
+// sent). A body that does not decode is a permanent failure: the handler
+// is not called and the message goes to the dead-letter topic at once,
+// the decode error in its [HeaderError]. A typed pull consumer hands such
+// a message out with its error ([Received].Err), to be dealt with and
+// committed by the caller. A nil value of a pointer or interface type is
+// refused on both sides.
+//
 // # Seams
 //
 // Every moving part is a small interface with an in-memory default:

@@ -23,7 +23,9 @@ var (
 	// the rules of [ValidateTopicName] or [TopicMeta.Validate].
 	ErrInvalidTopic = errors.New("invalid topic")
 	// ErrInvalidMessage is returned for a nil message or a message that
-	// cannot be sent as it is.
+	// cannot be sent as it is (a typed value that does not encode
+	// included), and wrapped by the error of a body a typed consumer
+	// cannot decode (see [TypedHandler]).
 	ErrInvalidMessage = errors.New("invalid message")
 	// ErrMessageTooLarge is returned when a message is larger than the
 	// producer's maximum (see [WithMaxMessageBytes]).

@@ -41,6 +41,11 @@ func TestNilContext(t *testing.T) {
 	meta := ferry.TopicMeta{Name: "t", Queues: 1}
 	msg := &ferry.Message{Topic: "orders"}
 	em := []*ferry.EnhancedMessage{{Message: *msg}}
+	tp, err := ferry.NewTypedProducer[string](p)
+	require.NoError(t, err)
+	tmsg := &ferry.TypedMessage[string]{Topic: "orders"}
+	tpc, err := ferry.NewTypedPullConsumer[string](pc)
+	require.NoError(t, err)
 
 	calls := map[string]func(context.Context) error{
 		"Broker.CreateTopic": func(ctx context.Context) error { return b.CreateTopic(ctx, meta) },
@@ -65,6 +70,20 @@ func TestNilContext(t *testing.T) {
 		"PullConsumer.Seek":   func(ctx context.Context) error { return pc.Seek(ctx, ferry.ResetToLatest()) },
 		"PullConsumer.Messages": func(ctx context.Context) error {
 			for _, err := range pc.Messages(ctx) {
+				return err
+			}
+			return nil
+		},
+		"TypedProducer.Send": func(ctx context.Context) error { _, err := tp.Send(ctx, tmsg); return err },
+		"TypedProducer.SendBatch": func(ctx context.Context) error {
+			_, err := tp.SendBatch(ctx, []*ferry.TypedMessage[string]{tmsg})
+			return err
+		},
+		"TypedProducer.SendAsync":  func(ctx context.Context) error { return tp.SendAsync(ctx, tmsg, nil) },
+		"TypedPullConsumer.Poll":   func(ctx context.Context) error { _, err := tpc.Poll(ctx, 1); return err },
+		"TypedPullConsumer.Commit": func(ctx context.Context) error { return tpc.Commit(ctx) },
+		"TypedPullConsumer.Messages": func(ctx context.Context) error {
+			for _, err := range tpc.Messages(ctx) {
 				return err
 			}
 			return nil
@@ -124,7 +143,7 @@ func TestNilContext(t *testing.T) {
 	for name, v := range map[string]any{
 		"Broker": b, "Producer": p, "Consumer": c, "PullConsumer": pc, "Buffer": buf,
 		"MemoryQueue": q, "MemoryStorage": st, "MemoryCursorStore": cs, "MemoryCoordinator": co,
-		"Session": sess, "Lease": lease,
+		"Session": sess, "Lease": lease, "TypedProducer": tp, "TypedPullConsumer": tpc,
 	} {
 		typ := reflect.TypeOf(v)
 		for i := range typ.NumMethod() {
