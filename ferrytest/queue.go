@@ -771,6 +771,7 @@ func (s *queueSuite) concurrentRetention(t *testing.T, w *watchdog) {
 					cancel()
 					return
 				}
+				w.progress() // each write may roll and drop a segment: slow on a disk
 			}
 		})
 	}
@@ -827,6 +828,7 @@ func (s *queueSuite) concurrentRetention(t *testing.T, w *watchdog) {
 					}
 					off++
 				}
+				w.progress()
 			}
 		})
 	}
