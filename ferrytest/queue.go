@@ -763,6 +763,7 @@ func (s *queueSuite) concurrentRetention(t *testing.T, w *watchdog) {
 	defer cancel()
 	errs := make([]error, writers+readers)
 	var wg, wwg sync.WaitGroup
+	wrote := make(chan struct{}, 1) // a write returned since the laggard last looked
 	for i := range writers {
 		wwg.Go(func() {
 			for j := range writes {
@@ -772,10 +773,17 @@ func (s *queueSuite) concurrentRetention(t *testing.T, w *watchdog) {
 					return
 				}
 				w.progress() // each write may roll and drop a segment: slow on a disk
+				select {
+				case wrote <- struct{}{}:
+				default:
+				}
 			}
 		})
 	}
-	// A laggard keeps reading at 0 while the writers drop it.
+	// A laggard keeps reading at 0 while the writers drop it: at full
+	// speed while 0 is retained, then once per write (0 never comes back,
+	// and spinning on it took a core and the queue's lock from the
+	// writers).
 	writing := make(chan struct{})
 	var laggardErr error
 	wg.Go(func() {
@@ -789,6 +797,11 @@ func (s *queueSuite) concurrentRetention(t *testing.T, w *watchdog) {
 			n, err := q.Read(ctx, 0, dst)
 			switch {
 			case errors.Is(err, ferry.ErrOffsetOutOfRange):
+				select {
+				case <-wrote:
+				case <-writing:
+					return
+				}
 			case err != nil:
 				laggardErr = fmt.Errorf("laggard: Read at 0: %w", err)
 				cancel()
