@@ -469,3 +469,12 @@ func (s *Store) Close() error {
 	s.closed.Store(true)
 	return nil
 }
+
+// Dialect returns the store's SQL dialect (detected or set).
+func (s *Store) Dialect() Dialect { return s.cfg.dialect }
+
+// Rebind rewrites the ? placeholders of query for dialect d: $1, $2, ...
+// for [Postgres], unchanged for [SQLite]. It does not parse SQL: a ? in a
+// literal or a comment is rewritten too. A helper for handlers that write
+// portable effects.
+func Rebind(d Dialect, query string) string { return rebind(d, query) }
