@@ -56,7 +56,27 @@ func (s *Store) Begin(ctx context.Context, topic, group string, queue int, offse
 		return nil, nil, &ferry.Error{Op: op, Err: err}
 	}
 	ct := &cursorTx{s: s, tx: tx, topic: topic, group: group, queue: queue, offset: offset, token: token}
-	return context.WithValue(ctx, txKey{}, tx), ct, nil
+	return &txCtx{Context: ctx, done: ctx.Done(), tx: tx}, ct, nil
+}
+
+// txCtx is the handler's context with its transaction. Its Done channel
+// is read once, at Begin: a goroutine that a driver starts per statement
+// to watch the context (modernc.org/sqlite's does) may read it after the
+// handler returned, when the consumer reuses the context it was given
+// for the next call.
+type txCtx struct {
+	context.Context
+	done <-chan struct{}
+	tx   *sql.Tx
+}
+
+func (c *txCtx) Done() <-chan struct{} { return c.done }
+
+func (c *txCtx) Value(key any) any {
+	if key == (txKey{}) {
+		return c.tx
+	}
+	return c.Context.Value(key)
 }
 
 // cursorTx is one handler call's transaction. Its methods are safe for
