@@ -41,7 +41,7 @@ func onEachDB(t *testing.T, body func(t *testing.T, e *env)) {
 	})
 }
 
-func newEnv(t *testing.T, db *sql.DB, prefix string) *env {
+func newEnv(t testing.TB, db *sql.DB, prefix string) *env {
 	t.Helper()
 	ctx := context.Background()
 	s, err := sqlstore.Open(ctx, db, sqlstore.WithTablePrefix(prefix))
