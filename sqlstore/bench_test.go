@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -48,5 +49,48 @@ func BenchmarkCommit(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkCommitPaired is BenchmarkCommit with the two kinds of
+// transaction alternating in one loop, so that both see the same machine
+// and disk: it reports each one's mean latency (db-ns/tx, sqlstore-ns/tx)
+// and their ratio (sqlstore/db), the figure the store aims to keep at or
+// under 1.2.
+func BenchmarkCommitPaired(b *testing.B) {
+	for _, dbName := range []string{"sqlite", "postgres"} {
+		b.Run(dbName, func(b *testing.B) {
+			var e *env
+			if dbName == "sqlite" {
+				e = newEnv(b, openSQLite(b, b.TempDir()), "ferry_")
+			} else {
+				e = newEnv(b, openPG(b), prefixFor(b.Name()))
+			}
+			ctx := context.Background()
+			insert := e.q("INSERT INTO " + e.effects + " (id, n) VALUES (?, ?)")
+			require.NoError(b, e.s.CommitFenced(ctx, "orders", "billing", 0, 0, 1))
+			var dbTime, storeTime time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				began := time.Now()
+				tx, err := e.db.BeginTx(ctx, nil)
+				require.NoError(b, err)
+				_, err = tx.ExecContext(ctx, insert, "db-"+strconv.Itoa(i), i)
+				require.NoError(b, err)
+				require.NoError(b, tx.Commit())
+				mid := time.Now()
+				require.NoError(b, apply(ctx, e, "orders", "billing", 0, int64(i), 1))
+				storeTime += time.Since(mid)
+				dbTime += mid.Sub(began)
+				if i%100 == 99 {
+					b.StopTimer()
+					require.NoError(b, e.s.CommitFenced(ctx, "orders", "billing", 0, int64(i+1), 1))
+					b.StartTimer()
+				}
+			}
+			b.ReportMetric(float64(dbTime.Nanoseconds())/float64(b.N), "db-ns/tx")
+			b.ReportMetric(float64(storeTime.Nanoseconds())/float64(b.N), "sqlstore-ns/tx")
+			b.ReportMetric(float64(storeTime)/float64(dbTime), "sqlstore/db")
+		})
 	}
 }

@@ -119,6 +119,13 @@ type statements struct {
 	clearAll, clearFenced                            string
 	insertSet, insertSetBatch                        string
 	insertTx                                         string
+	// txCommit, on Postgres only, is the fenced token raise and insertTx
+	// in one statement (one round trip): it inserts no row when fenced.
+	txCommit string
+	// txCommitSame, on Postgres only, is txCommit for the common case of
+	// a token equal to the stored one: it locks the cursor row (against a
+	// take, as the raise does) without writing a new version of it.
+	txCommitSame string
 	loadGroup, loadTopic, loadQueue, tokenOf, forget []string
 }
 
@@ -140,6 +147,11 @@ func newStatements(c config) statements {
 			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, 1), ", setBatch), ", ") +
 			" ON CONFLICT (topic_name, group_name, queue_no, msg_offset) DO NOTHING"),
 		insertTx: r("INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) VALUES (?, ?, ?, ?, 0)"),
+		txCommitSame: "WITH fence AS (SELECT 1 FROM " + cur + " WHERE topic_name = $1 AND group_name = $2 AND queue_no = $3 AND token = $4 FOR NO KEY UPDATE) " +
+			"INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) SELECT $1, $2, $3, $5, 0 FROM fence",
+		txCommit: "WITH fence AS (INSERT INTO " + cur + " (topic_name, group_name, queue_no, next_offset, token) VALUES ($1, $2, $3, -1, $4) " +
+			"ON CONFLICT (topic_name, group_name, queue_no) DO UPDATE SET token = excluded.token WHERE " + cur + ".token <= excluded.token RETURNING 1) " +
+			"INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) SELECT $1, $2, $3, $5, 0 FROM fence",
 		loadGroup: []string{
 			r("SELECT queue_no, next_offset, 0 FROM " + cur + " WHERE topic_name = ? AND group_name = ? AND queue_no < ? " +
 				"UNION ALL SELECT queue_no, msg_offset, 1 FROM " + fin + " WHERE topic_name = ? AND group_name = ? AND queue_no < ?"),

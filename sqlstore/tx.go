@@ -119,6 +119,20 @@ func (c *cursorTx) Commit(ctx context.Context) error {
 func (c *cursorTx) commit(ctx context.Context) error {
 	s := c.s
 	t, g := []byte(c.topic), []byte(c.group)
+	if s.cfg.dialect == Postgres {
+		// One statement, one round trip: with the token already stored
+		// (the usual case) a row lock, else the raise.
+		res, err := c.tx.ExecContext(ctx, s.q.txCommitSame, t, g, c.queue, encToken(c.token), c.offset)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			if err := fencedExec(ctx, c.tx, c.token, s.q.txCommit, t, g, c.queue, encToken(c.token), c.offset); err != nil {
+				return err
+			}
+		}
+		return c.tx.Commit()
+	}
 	if err := fencedExec(ctx, c.tx, c.token, s.q.takeToken, t, g, c.queue, int64(-1), encToken(c.token)); err != nil {
 		return err
 	}

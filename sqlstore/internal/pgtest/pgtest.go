@@ -5,6 +5,8 @@
 package pgtest
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +18,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the readiness check's driver
 )
 
 // Server is a running PostgreSQL server.
@@ -123,11 +127,19 @@ func Start() (*Server, error) {
 	}
 	s.Port = port
 	s.DSN = fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", sock, port)
-	// Wait for the socket: postgres creates it once it accepts.
-	path := filepath.Join(sock, fmt.Sprintf(".s.PGSQL.%d", port))
+	// Wait until a query goes through (the socket comes before the end
+	// of the startup: "the database system is starting up").
+	db, err := sql.Open("pgx", s.DSN)
+	if err != nil {
+		s.Stop()
+		return fail(err)
+	}
+	defer db.Close()
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		if c, err := net.Dial("unix", path); err == nil {
-			_ = c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := db.ExecContext(ctx, "SELECT 1")
+		cancel()
+		if err == nil {
 			return s, nil
 		}
 		if time.Now().After(deadline) {
