@@ -79,7 +79,9 @@ func crashChild() int {
 		return fail(err)
 	}
 	defer db.Close()
-	cs, err := sqlstore.Open(ctx, db, sqlstore.WithTablePrefix(spec.prefix))
+	// One process at a time, with the broker's in-process coordinator,
+	// whose tokens start again with it.
+	cs, err := sqlstore.Open(ctx, db, sqlstore.WithTablePrefix(spec.prefix), sqlstore.WithResetTokens())
 	if err != nil {
 		return fail(err)
 	}

@@ -43,8 +43,9 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	dialect Dialect
-	prefix  string
+	dialect     Dialect
+	prefix      string
+	resetTokens bool
 }
 
 // WithDialect sets the SQL dialect. Default: [DetectDialect].
@@ -57,6 +58,16 @@ func WithDialect(d Dialect) Option { return optionFunc(func(c *config) { c.diale
 func WithTablePrefix(prefix string) Option {
 	return optionFunc(func(c *config) { c.prefix = prefix })
 }
+
+// WithResetTokens makes [Open] reset every fencing token stored in the
+// tables to 0, for a process that uses them alone with the broker's
+// in-process coordinator: its tokens start again at 1 with the process,
+// and the tokens a previous run stored (raised by rebalances) would fence
+// the new run's first commits until its leases caught up. Never with
+// tables that processes share: their coordinator's tokens must outlive
+// each of them (natsstore's do), and a reset lets a stale owner commit.
+// Default: off (tokens persist).
+func WithResetTokens() Option { return optionFunc(func(c *config) { c.resetTokens = true }) }
 
 // newConfig applies opts over the defaults and validates the result.
 func newConfig(db *sql.DB, opts []Option) (config, error) {

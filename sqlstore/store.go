@@ -64,6 +64,11 @@ func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Store, error) {
 	if err := s.Migrate(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.resetTokens {
+		if _, err := db.ExecContext(ctx, rebind(cfg.dialect, "UPDATE "+cfg.prefix+"cursors SET token = ?"), encToken(0)); err != nil {
+			return nil, &ferry.Error{Op: "open sqlstore: reset tokens", Err: err}
+		}
+	}
 	return s, nil
 }
 

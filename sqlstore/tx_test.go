@@ -254,3 +254,20 @@ func TestOpenErrors(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, sqlstore.SQLite, s.Dialect())
 }
+
+func TestResetTokens(t *testing.T) {
+	onEachDB(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		require.NoError(t, e.s.CommitFenced(ctx, "orders", "billing", 0, 5, 9))
+		require.ErrorIs(t, e.s.CommitFenced(ctx, "orders", "billing", 0, 6, 1), ferry.ErrFenced)
+		again, err := sqlstore.Open(ctx, e.db, sqlstore.WithTablePrefix(e.prefix))
+		require.NoError(t, err)
+		require.ErrorIs(t, again.CommitFenced(ctx, "orders", "billing", 0, 6, 1), ferry.ErrFenced, "tokens persist")
+		again, err = sqlstore.Open(ctx, e.db, sqlstore.WithTablePrefix(e.prefix), sqlstore.WithResetTokens())
+		require.NoError(t, err)
+		require.NoError(t, again.CommitFenced(ctx, "orders", "billing", 0, 6, 1), "a new run's first lease")
+		offs, err := again.Load(ctx, "orders", "billing", 1)
+		require.NoError(t, err)
+		assert.Equal(t, []int64{6}, offs)
+	})
+}

@@ -127,7 +127,9 @@ func consume(ctx context.Context, w io.Writer, db *sql.DB, dir string) (int, err
 		return 0, err
 	}
 	defer st.Close()
-	cursors, err := sqlstore.Open(ctx, db)
+	// One process, with the broker's in-process coordinator: its lease
+	// tokens start again with it (see sqlstore.WithResetTokens).
+	cursors, err := sqlstore.Open(ctx, db, sqlstore.WithResetTokens())
 	if err != nil {
 		return 0, err
 	}
