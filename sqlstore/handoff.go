@@ -31,7 +31,7 @@ func (s *Store) TakeCursor(ctx context.Context, topic, group string, queue int, 
 		if err := fencedExec(ctx, tx, token, s.q.takeToken, t, g, queue, int64(-1), encToken(token)); err != nil {
 			return err
 		}
-		rows, err := tx.QueryContext(ctx, s.q.loadQueue[0], t, g, queue, t, g, queue)
+		rows, err := tx.QueryContext(ctx, s.q.loadQueue, t, g, queue, t, g, queue)
 		if err != nil {
 			return err
 		}

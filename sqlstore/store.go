@@ -120,18 +120,19 @@ func encToken(t uint64) int64 { return int64(t ^ 1<<63) }
 
 // statements are the store's SQL, in its dialect.
 type statements struct {
-	commit, commitFenced, takeToken                  string
-	clearAll, clearFenced                            string
-	insertSet, insertSetBatch                        string
-	insertTx                                         string
+	commit, commitFenced, takeToken string
+	clearAll, clearFenced           string
+	insertSet, insertSetBatch       string
+	insertTx                        string
 	// txCommit, on Postgres only, is the fenced token raise and insertTx
 	// in one statement (one round trip): it inserts no row when fenced.
 	txCommit string
 	// txCommitSame, on Postgres only, is txCommit for the common case of
 	// a token equal to the stored one: it locks the cursor row (against a
 	// take, as the raise does) without writing a new version of it.
-	txCommitSame string
-	loadGroup, loadTopic, loadQueue, tokenOf, forget []string
+	txCommitSame                    string
+	loadGroup, loadTopic, loadQueue string
+	forget                          []string
 }
 
 func newStatements(c config) statements {
@@ -157,19 +158,14 @@ func newStatements(c config) statements {
 		txCommit: "WITH fence AS (INSERT INTO " + cur + " (topic_name, group_name, queue_no, next_offset, token) VALUES ($1, $2, $3, -1, $4) " +
 			"ON CONFLICT (topic_name, group_name, queue_no) DO UPDATE SET token = excluded.token WHERE " + cur + ".token <= excluded.token RETURNING 1) " +
 			"INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) SELECT $1, $2, $3, $5, 0 FROM fence",
-		loadGroup: []string{
-			r("SELECT queue_no, next_offset, 0 FROM " + cur + " WHERE topic_name = ? AND group_name = ? AND queue_no < ? " +
-				"UNION ALL SELECT queue_no, msg_offset, 1 FROM " + fin + " WHERE topic_name = ? AND group_name = ? AND queue_no < ?"),
-		},
-		loadTopic: []string{
-			r("SELECT group_name, queue_no, next_offset, 0 FROM " + cur + " WHERE topic_name = ? " +
-				"UNION ALL SELECT group_name, queue_no, msg_offset, 1 FROM " + fin + " WHERE topic_name = ? AND queue_no < ?"),
-		},
-		loadQueue: []string{
-			r("SELECT next_offset, 0 FROM " + cur + " WHERE " + key +
-				" UNION ALL SELECT msg_offset, 1 FROM " + fin + " WHERE " + key),
-		},
-		tokenOf: []string{r("SELECT token FROM " + cur + " WHERE " + key)},
+		// One statement each: one snapshot of the cursor and its
+		// finished rows, whatever the isolation level.
+		loadGroup: r("SELECT queue_no, next_offset, 0 FROM " + cur + " WHERE topic_name = ? AND group_name = ? AND queue_no < ? " +
+			"UNION ALL SELECT queue_no, msg_offset, 1 FROM " + fin + " WHERE topic_name = ? AND group_name = ? AND queue_no < ?"),
+		loadTopic: r("SELECT group_name, queue_no, next_offset, 0 FROM " + cur + " WHERE topic_name = ? " +
+			"UNION ALL SELECT group_name, queue_no, msg_offset, 1 FROM " + fin + " WHERE topic_name = ? AND queue_no < ?"),
+		loadQueue: r("SELECT next_offset, 0 FROM " + cur + " WHERE " + key +
+			" UNION ALL SELECT msg_offset, 1 FROM " + fin + " WHERE " + key),
 		forget: []string{
 			r("DELETE FROM " + cur + " WHERE topic_name = ? AND group_name = ?"),
 			r("DELETE FROM " + fin + " WHERE topic_name = ? AND group_name = ?"),
@@ -257,7 +253,7 @@ func (s *Store) Load(ctx context.Context, topic, group string, queues int) ([]in
 		return nil, &ferry.Error{Op: op, Err: err}
 	}
 	t, g := []byte(topic), []byte(group)
-	rows, err := s.db.QueryContext(ctx, s.q.loadGroup[0], t, g, queues, t, g, queues)
+	rows, err := s.db.QueryContext(ctx, s.q.loadGroup, t, g, queues, t, g, queues)
 	if err != nil {
 		return nil, &ferry.Error{Op: op, Err: err}
 	}
@@ -418,7 +414,7 @@ func (s *Store) Cursors(ctx context.Context, topic string, queues int) (ferry.Cu
 		return ferry.Cursors{}, &ferry.Error{Op: op, Err: err}
 	}
 	t := []byte(topic)
-	rows, err := s.db.QueryContext(ctx, s.q.loadTopic[0], t, t, queues)
+	rows, err := s.db.QueryContext(ctx, s.q.loadTopic, t, t, queues)
 	if err != nil {
 		return ferry.Cursors{}, &ferry.Error{Op: op, Err: err}
 	}
