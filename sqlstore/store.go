@@ -92,9 +92,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 // dialect with table prefix prefix (see [WithTablePrefix]), each
 // "CREATE TABLE IF NOT EXISTS". The prefix is not checked.
 func Schema(d Dialect, prefix string) []string {
-	bin := "BLOB"
+	// On SQLite, WITHOUT ROWID keeps each table in one b-tree, its
+	// primary key's: a commit writes half the pages.
+	bin, tail := "BLOB", " WITHOUT ROWID"
 	if d == Postgres {
-		bin = "BYTEA"
+		bin, tail = "BYTEA", ""
 	}
 	return []string{
 		"CREATE TABLE IF NOT EXISTS " + prefix + "cursors (" +
@@ -103,14 +105,14 @@ func Schema(d Dialect, prefix string) []string {
 			"queue_no INTEGER NOT NULL, " +
 			"next_offset BIGINT NOT NULL, " +
 			"token BIGINT NOT NULL, " +
-			"PRIMARY KEY (topic_name, group_name, queue_no))",
+			"PRIMARY KEY (topic_name, group_name, queue_no))" + tail,
 		"CREATE TABLE IF NOT EXISTS " + prefix + "finished (" +
 			"topic_name " + bin + " NOT NULL, " +
 			"group_name " + bin + " NOT NULL, " +
 			"queue_no INTEGER NOT NULL, " +
 			"msg_offset BIGINT NOT NULL, " +
 			"handoff SMALLINT NOT NULL, " +
-			"PRIMARY KEY (topic_name, group_name, queue_no, msg_offset))",
+			"PRIMARY KEY (topic_name, group_name, queue_no, msg_offset))" + tail,
 	}
 }
 
@@ -127,9 +129,10 @@ type statements struct {
 	// txCommit, on Postgres only, is the fenced token raise and insertTx
 	// in one statement (one round trip): it inserts no row when fenced.
 	txCommit string
-	// txCommitSame, on Postgres only, is txCommit for the common case of
-	// a token equal to the stored one: it locks the cursor row (against a
-	// take, as the raise does) without writing a new version of it.
+	// txCommitSame is the handler transaction's commit for the common
+	// case of a token equal to the stored one, one statement: it inserts
+	// the finished row only if the token is the stored one, without
+	// writing the cursor row (see txCommitSame).
 	txCommitSame                    string
 	loadGroup, loadTopic, loadQueue string
 	forget                          []string
@@ -152,9 +155,8 @@ func newStatements(c config) statements {
 		insertSetBatch: r("INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) VALUES " +
 			strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, 1), ", setBatch), ", ") +
 			" ON CONFLICT (topic_name, group_name, queue_no, msg_offset) DO NOTHING"),
-		insertTx: r("INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) VALUES (?, ?, ?, ?, 0)"),
-		txCommitSame: "WITH fence AS (SELECT 1 FROM " + cur + " WHERE topic_name = $1 AND group_name = $2 AND queue_no = $3 AND token = $4 FOR NO KEY UPDATE) " +
-			"INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) SELECT $1, $2, $3, $5, 0 FROM fence",
+		insertTx:     r("INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) VALUES (?, ?, ?, ?, 0)"),
+		txCommitSame: txCommitSame(c.dialect, cur, fin),
 		txCommit: "WITH fence AS (INSERT INTO " + cur + " (topic_name, group_name, queue_no, next_offset, token) VALUES ($1, $2, $3, -1, $4) " +
 			"ON CONFLICT (topic_name, group_name, queue_no) DO UPDATE SET token = excluded.token WHERE " + cur + ".token <= excluded.token RETURNING 1) " +
 			"INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) SELECT $1, $2, $3, $5, 0 FROM fence",
@@ -171,6 +173,26 @@ func newStatements(c config) statements {
 			r("DELETE FROM " + fin + " WHERE topic_name = ? AND group_name = ?"),
 		},
 	}
+}
+
+// txCommitSame returns the statement that records a handler
+// transaction's offset finished ($5) when the queue's stored token is $4,
+// in one round trip and without writing the cursor row. On PostgreSQL it
+// share-locks the row: a take's raise of the token (an UPDATE) waits for
+// the transaction, and handler transactions of the queue share the lock.
+// SQLite serializes writers: its write lock does the same.
+func txCommitSame(d Dialect, cur, fin string) string {
+	lock := ""
+	if d == Postgres {
+		lock = " FOR SHARE"
+	}
+	q := "INSERT INTO " + fin + " (topic_name, group_name, queue_no, msg_offset, handoff) " +
+		"SELECT $1, $2, $3, $5, 0 FROM (SELECT 1 FROM " + cur +
+		" WHERE topic_name = $1 AND group_name = $2 AND queue_no = $3 AND token = $4" + lock + ") AS fence"
+	if d == SQLite {
+		q = strings.NewReplacer("$1", "?1", "$2", "?2", "$3", "?3", "$4", "?4", "$5", "?5").Replace(q)
+	}
+	return q
 }
 
 // rebind rewrites the ? placeholders of q as $1, $2, ... for Postgres.

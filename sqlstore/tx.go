@@ -38,7 +38,7 @@ func TxFrom(ctx context.Context) (tx *sql.Tx, ok bool) {
 //
 // The returned [ferry.CursorTx]'s Commit, in the transaction: raises the
 // queue's token to token, or finds it above and returns [ferry.ErrFenced]
-// (PostgreSQL: the cursor row's lock also orders it with a TakeCursor of
+// (PostgreSQL: a share lock on the cursor row orders it with a TakeCursor of
 // the next owner; SQLite serializes writers); records offset as finished
 // (an offset already recorded fails the commit: its effects are not
 // applied twice); and commits. On any failure it rolls back. A second
@@ -119,25 +119,25 @@ func (c *cursorTx) Commit(ctx context.Context) error {
 func (c *cursorTx) commit(ctx context.Context) error {
 	s := c.s
 	t, g := []byte(c.topic), []byte(c.group)
-	if s.cfg.dialect == Postgres {
-		// One statement, one round trip: with the token already stored
-		// (the usual case) a row lock, else the raise.
-		res, err := c.tx.ExecContext(ctx, s.q.txCommitSame, t, g, c.queue, encToken(c.token), c.offset)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
+	// The usual case, one statement: the token is the stored one.
+	res, err := c.tx.ExecContext(ctx, s.q.txCommitSame, t, g, c.queue, encToken(c.token), c.offset)
+	if err != nil {
+		return fmt.Errorf("record offset finished (finished already?): %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		// A new token (raised, or fenced), or no cursor row yet.
+		if s.cfg.dialect == Postgres {
 			if err := fencedExec(ctx, c.tx, c.token, s.q.txCommit, t, g, c.queue, encToken(c.token), c.offset); err != nil {
 				return err
 			}
+			return c.tx.Commit()
 		}
-		return c.tx.Commit()
-	}
-	if err := fencedExec(ctx, c.tx, c.token, s.q.takeToken, t, g, c.queue, int64(-1), encToken(c.token)); err != nil {
-		return err
-	}
-	if _, err := c.tx.ExecContext(ctx, s.q.insertTx, t, g, c.queue, c.offset); err != nil {
-		return fmt.Errorf("record offset finished (finished already?): %w", err)
+		if err := fencedExec(ctx, c.tx, c.token, s.q.takeToken, t, g, c.queue, int64(-1), encToken(c.token)); err != nil {
+			return err
+		}
+		if _, err := c.tx.ExecContext(ctx, s.q.insertTx, t, g, c.queue, c.offset); err != nil {
+			return fmt.Errorf("record offset finished (finished already?): %w", err)
+		}
 	}
 	return c.tx.Commit()
 }
