@@ -27,10 +27,14 @@ import (
 // starts no goroutine. Close does not close the *sql.DB, which stays the
 // application's.
 type Store struct {
-	db     *sql.DB
-	cfg    config
-	q      statements
-	closed atomic.Bool
+	db  *sql.DB
+	cfg config
+	q   statements
+	// commitSame is q.txCommitSame prepared at Open on SQLite: the
+	// handler transactions' hot statement, parsed once per connection
+	// (pgx caches its prepared statements itself). Nil on PostgreSQL.
+	commitSame *sql.Stmt
+	closed     atomic.Bool
 }
 
 var (
@@ -64,8 +68,14 @@ func Open(ctx context.Context, db *sql.DB, opts ...Option) (*Store, error) {
 	if err := s.Migrate(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.dialect == SQLite {
+		if s.commitSame, err = db.PrepareContext(ctx, s.q.txCommitSame); err != nil {
+			return nil, &ferry.Error{Op: "open sqlstore: prepare", Err: err}
+		}
+	}
 	if cfg.resetTokens {
 		if _, err := db.ExecContext(ctx, rebind(cfg.dialect, "UPDATE "+cfg.prefix+"cursors SET token = ?"), encToken(0)); err != nil {
+			_ = s.Close()
 			return nil, &ferry.Error{Op: "open sqlstore: reset tokens", Err: err}
 		}
 	}
@@ -501,8 +511,10 @@ func (s *Store) Forget(ctx context.Context, topic, group string) error {
 // Close marks the store closed: every later call but Close is
 // [ferry.ErrClosed]. It does not close the *sql.DB. Idempotent.
 func (s *Store) Close() error {
-	s.closed.Store(true)
-	return nil
+	if s.closed.Swap(true) || s.commitSame == nil {
+		return nil
+	}
+	return s.commitSame.Close()
 }
 
 // Dialect returns the store's SQL dialect (detected or set).

@@ -120,7 +120,13 @@ func (c *cursorTx) commit(ctx context.Context) error {
 	s := c.s
 	t, g := []byte(c.topic), []byte(c.group)
 	// The usual case, one statement: the token is the stored one.
-	res, err := c.tx.ExecContext(ctx, s.q.txCommitSame, t, g, c.queue, encToken(c.token), c.offset)
+	var res sql.Result
+	var err error
+	if s.commitSame != nil {
+		res, err = c.tx.StmtContext(ctx, s.commitSame).ExecContext(ctx, t, g, c.queue, encToken(c.token), c.offset)
+	} else {
+		res, err = c.tx.ExecContext(ctx, s.q.txCommitSame, t, g, c.queue, encToken(c.token), c.offset)
+	}
 	if err != nil {
 		return fmt.Errorf("record offset finished (finished already?): %w", err)
 	}
