@@ -304,7 +304,10 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 		for _, i := range idx {
 			m := ms[i]
 			k, hop := delayLevel(m.at.Sub(now))
-			if k != n {
+			if k != n || !m.at.After(now) {
+				// Its level changed, or it is due already (no level
+				// may hold a message due by the clock read under its
+				// lock, see errDueNow): placed alone.
 				alone = append(alone, i)
 				continue
 			}

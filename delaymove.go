@@ -55,11 +55,20 @@ func (d *delayer) move(lv *level) {
 }
 
 // lock locks lv's queue in sess. The first time, it stops holding the
-// dispatcher back after a second of waiting: the level is someone else's.
+// dispatcher back after a second of waiting (the level is someone
+// else's), or at once when another broker's mover is in the level's group
+// already: it holds the lock, or takes it as likely as this one.
 func (d *delayer) lock(sess Session, lv *level) (Lease, error) {
 	d.mu.Lock()
 	starting := lv.starting
 	d.mu.Unlock()
+	if starting && len(sess.Members()) > 1 {
+		d.mu.Lock()
+		lv.starting = false
+		d.mu.Unlock()
+		d.signal()
+		starting = false
+	}
 	if starting {
 		ctx, cancel := context.WithTimeout(d.ctx, time.Second)
 		lease, err := sess.Lock(ctx, 0)
