@@ -11,7 +11,6 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/ferrymq/ferry"
-	"github.com/ferrymq/ferry/codec"
 )
 
 var _ ferry.AsyncWriter = (*queue)(nil)
@@ -19,11 +18,12 @@ var _ ferry.AsyncWriter = (*queue)(nil)
 // inflight is one WriteAsync: its publish's ack to come (or its error
 // already), reported in order by the queue's acker.
 type inflight struct {
-	ctx  context.Context
-	msgs []*ferry.EnhancedMessage
-	ack  jetstream.PubAckFuture // nil when err is set
-	err  error
-	done func(int64, error)
+	ctx      context.Context
+	msgs     []*ferry.EnhancedMessage
+	ack      jetstream.PubAckFuture // nil when err is set or deferred
+	deferred bool                   // not published: the acker writes it with Write's logic
+	err      error
+	done     func(int64, error)
 }
 
 // WriteAsync implements [ferry.AsyncWriter]: it publishes msgs as Write
@@ -38,9 +38,26 @@ type inflight struct {
 // [ferry.ErrQueueFull], never a wait (the producer writes Block topics
 // with Write). Close waits for the writes in flight, each up to the op
 // timeout ([WithOpTimeout]; then ErrClosed, the outcome unknown).
+//
+// A single message with a dedup key that the stream stored within the
+// window is reported as Write reports it. A batch of several messages
+// one of which carries a key is not pipelined: the stream refuses such
+// a batch whole when one key is a duplicate, and publishing the rest
+// again after writes published behind it would store it after them. So
+// it waits in line, and the acker writes it, as Write does, once every
+// write before it is reported; the writes begun after it wait behind it
+// too.
 func (q *queue) WriteAsync(ctx context.Context, msgs []*ferry.EnhancedMessage, done func(first int64, err error)) {
 	w := &inflight{ctx: ctx, msgs: msgs, done: done}
-	if w.err = q.publishAsync(ctx, msgs, &w.ack); w.err != nil {
+	if w.err = q.checkAsync(ctx, msgs); w.err == nil {
+		q.amu.Lock()
+		w.deferred = q.deferred > 0 || q.keyedBatch(msgs)
+		q.amu.Unlock()
+		if !w.deferred {
+			w.err = q.publishAsync(msgs, &w.ack)
+		}
+	}
+	if w.err != nil {
 		w.err = &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: w.err}
 	}
 	q.amu.Lock()
@@ -48,6 +65,9 @@ func (q *queue) WriteAsync(ctx context.Context, msgs []*ferry.EnhancedMessage, d
 		q.amu.Unlock()
 		done(0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrClosed})
 		return
+	}
+	if w.deferred {
+		q.deferred++
 	}
 	q.inflight = append(q.inflight, w)
 	if !q.acking {
@@ -58,9 +78,22 @@ func (q *queue) WriteAsync(ctx context.Context, msgs []*ferry.EnhancedMessage, d
 	q.amu.Unlock()
 }
 
-// publishAsync checks msgs as write does and publishes them, setting ack
-// to the future of the (last) publish.
-func (q *queue) publishAsync(ctx context.Context, msgs []*ferry.EnhancedMessage, ack *jetstream.PubAckFuture) error {
+// keyedBatch reports whether msgs are several and one is stored under
+// its key.
+func (q *queue) keyedBatch(msgs []*ferry.EnhancedMessage) bool {
+	if len(msgs) < 2 {
+		return false
+	}
+	for _, m := range msgs {
+		if q.keyed(m) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkAsync checks msgs as write does.
+func (q *queue) checkAsync(ctx context.Context, msgs []*ferry.EnhancedMessage) error {
 	if err := checkContext(ctx); err != nil {
 		return err
 	}
@@ -83,9 +116,12 @@ func (q *queue) publishAsync(ctx context.Context, msgs []*ferry.EnhancedMessage,
 	case r.MaxBytes > 0 && size > r.MaxBytes:
 		return fmt.Errorf("%w: batch of %d bytes, retention %d", ferry.ErrMessageTooLarge, size, r.MaxBytes)
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	return ctx.Err()
+}
+
+// publishAsync publishes msgs (checked), setting ack to the future of
+// the (last) publish.
+func (q *queue) publishAsync(msgs []*ferry.EnhancedMessage, ack *jetstream.PubAckFuture) error {
 	if len(msgs) == 0 {
 		return nil // reported with the next offset, as Write does
 	}
@@ -98,12 +134,12 @@ func (q *queue) publishAsync(ctx context.Context, msgs []*ferry.EnhancedMessage,
 	nc := q.s.js.Conn()
 	for i, m := range msgs {
 		m.Queue, m.Offset, m.StoreUnixNano = q.id.Queue, 0, now
-		h := nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}
+		out := q.natsMsg(m)
+		h := out.Header
 		if n > 1 {
 			h[jetstreamext.BatchIDHeader] = []string{batchID}
 			h[jetstreamext.BatchSeqHeader] = []string{strconv.Itoa(i + 1)}
 		}
-		out := &nats.Msg{Subject: q.subject, Header: h, Data: codec.Append(nil, m)}
 		if i < n-1 {
 			if err := nc.PublishMsg(out); err != nil {
 				return err
@@ -137,7 +173,16 @@ func (q *queue) acker() {
 		q.inflight[0] = nil
 		q.inflight = q.inflight[1:]
 		q.amu.Unlock()
-		first, err := q.awaitAck(w)
+		var first int64
+		var err error
+		if w.deferred {
+			first, err = q.write(w.ctx, w.msgs, false)
+			q.amu.Lock()
+			q.deferred--
+			q.amu.Unlock()
+		} else {
+			first, err = q.awaitAck(w)
+		}
 		w.done(first, err)
 	}
 }
@@ -155,12 +200,12 @@ func (q *queue) awaitAck(w *inflight) (int64, error) {
 	op := fmt.Sprintf("natsstore: write %s", q.id)
 	select { // an ack that came wins over a ctx or Close that came too
 	case a := <-w.ack.Ok():
-		return q.stamp(w, a), nil
+		return q.stamp(w, a)
 	default:
 	}
 	select {
 	case a := <-w.ack.Ok():
-		return q.stamp(w, a), nil
+		return q.stamp(w, a)
 	case err := <-w.ack.Err():
 		switch {
 		case isFull(err):
@@ -177,7 +222,7 @@ func (q *queue) awaitAck(w *inflight) (int64, error) {
 	defer t.Stop()
 	select {
 	case a := <-w.ack.Ok():
-		return q.stamp(w, a), nil
+		return q.stamp(w, a)
 	case err := <-w.ack.Err():
 		return 0, &ferry.Error{Op: op + ": outcome unknown", Err: err}
 	case <-w.ctx.Done():
@@ -188,13 +233,30 @@ func (q *queue) awaitAck(w *inflight) (int64, error) {
 }
 
 // stamp sets the offsets of w's messages from its ack and returns the
-// first.
-func (q *queue) stamp(w *inflight, a *jetstream.PubAck) int64 {
+// first. A single message acknowledged as a duplicate is reported as
+// Write reports it (as the first copy, or at its own copy: ours).
+func (q *queue) stamp(w *inflight, a *jetstream.PubAck) (int64, error) {
 	last := int64(a.Sequence) - 1
+	if a.Duplicate && len(w.msgs) == 1 {
+		p := &plan{msgs: w.msgs, keep: []int{0}, out: []*nats.Msg{nil}}
+		ctx := w.ctx
+		if ctx.Err() != nil { // the outcome is known: find the copy still
+			ctx = context.Background()
+		}
+		ours, err := q.settleSingle(ctx, p, last, false)
+		if err != nil {
+			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s: a duplicate of offset %d, getting it", q.id, last), Err: err}
+		}
+		if !ours {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			return q.next, nil
+		}
+	}
 	first := last - int64(len(w.msgs)) + 1
 	for i, m := range w.msgs {
 		m.Offset = first + int64(i)
 	}
 	q.advance(last + 1)
-	return first
+	return first, nil
 }
