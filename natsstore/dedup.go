@@ -73,6 +73,14 @@ func keyToken(key string) string {
 // keyed reports whether m is stored under its dedup key.
 func (q *queue) keyed(m *ferry.EnhancedMessage) bool { return q.window > 0 && m.DedupKey != "" }
 
+// natsMsgID is m's Nats-Msg-Id.
+func (q *queue) natsMsgID(m *ferry.EnhancedMessage) string {
+	if q.keyed(m) {
+		return keyIDPrefix + keyToken(m.DedupKey)
+	}
+	return m.ID.String()
+}
+
 // natsMsg returns m as published: on the queue's subject with its
 // MessageID as Nats-Msg-Id, or under its key.
 func (q *queue) natsMsg(m *ferry.EnhancedMessage) *nats.Msg {

@@ -64,12 +64,13 @@ type queue struct {
 
 	// Asynchronous writes (write_async.go). amu guards the fields below;
 	// awg counts the acker.
-	amu      sync.Mutex
-	inflight []*inflight // published, not yet reported, oldest first
-	acking   bool        // the acker runs
-	deferred int         // writes in inflight the acker writes itself
-	aclosed  bool        // Close began: WriteAsync refuses
-	awg      sync.WaitGroup
+	amu        sync.Mutex
+	inflight   []*inflight // published, not yet reported, oldest first
+	acking     bool        // the acker runs
+	deferred   int         // writes in inflight the acker writes itself
+	recovering bool        // the acker settles a stopped pipeline: new writes are deferred
+	aclosed    bool        // Close began: WriteAsync refuses
+	awg        sync.WaitGroup
 }
 
 var (
