@@ -21,7 +21,7 @@ var fresh atomic.Int64
 // features of natsstore for the suites: persistent, fencing tokens in the
 // bucket; not RetentionExact (JetStream counts bytes its own way and ages
 // on the server's clock), Block supported.
-var features = ferrytest.Features{Persistent: true, TokensPersist: true, Block: true, Timeout: 20 * time.Second}
+var features = ferrytest.Features{Persistent: true, TokensPersist: true, Block: true, Dedup: true, Timeout: 20 * time.Second}
 
 func openStore(t *testing.T, c *cluster, prefix string, opts ...natsstore.Option) *natsstore.Store {
 	t.Helper()

@@ -12,7 +12,22 @@
 //     publish (at most [MaxBatch]), every message carrying its
 //     [ferry.MessageID] as Nats-Msg-Id so that a retried write is not
 //     stored twice (see the Write doc of the queues [Store.OpenQueue]
-//     returns). The queues are [ferry.AsyncWriter]s: WriteAsync
+//     returns).
+//   - The queues are [ferry.Deduplicator]s: a message with a
+//     [ferry.Message].DedupKey is published with the key's hash as
+//     Nats-Msg-Id, on a subject of its own under the queue's, into a
+//     stream whose duplicate window is the topic's
+//     [ferry.TopicMeta].DedupWindow (kept with the topic, so every
+//     process sees it; at least JetStream's 100 ms, at most MaxAge). A
+//     duplicate is reported at its first copy. JetStream refuses an
+//     atomic batch whole if one of its message IDs is a duplicate, so a
+//     Write drops the repeats of a key within its batch, and on a refusal
+//     gets the last copy of each of its keys (one direct get), drops the
+//     duplicates and publishes the rest again as one batch (dedup.go).
+//     JetStream forgets a key at its purge timer's turn after the window:
+//     a key is stored again no sooner than the window, possibly tens of
+//     milliseconds later.
+//   - The queues are [ferry.AsyncWriter]s: WriteAsync
 //     publishes without waiting for the ack, so
 //     [ferry.Producer.SendAsync] keeps several batches of a queue in
 //     flight on the connection, stored and reported in the order sent.

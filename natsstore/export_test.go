@@ -51,3 +51,6 @@ func RenewUnseen(ctx context.Context, s ferry.Session, queue int) error {
 	_, err := kv.Update(ctx, key, ss.nonce, rev)
 	return err
 }
+
+// StreamOf names the stream of q (a queue of this package).
+func StreamOf(q ferry.Queue) string { return q.(*queue).stream }

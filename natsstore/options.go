@@ -87,8 +87,11 @@ func WithSafety(f float64) Option { return func(c *config) { c.safety = f } }
 // overhead × MaxMessages. Default 512; at least 0.
 func WithRecordOverhead(n int64) Option { return func(c *config) { c.recordOverhead = n } }
 
-// WithDuplicateWindow sets how long a stream remembers message IDs to drop
-// a retried write (capped by the topic's MaxAge). Default 2 min.
+// WithDuplicateWindow sets how long the stream of a topic with
+// [ferry.DedupOff] remembers message IDs to drop a retried write (capped
+// by the topic's MaxAge). Default 2 min. Any other topic's stream
+// remembers them, and its messages' dedup keys, over the topic's
+// [ferry.TopicMeta].DedupWindow.
 func WithDuplicateWindow(d time.Duration) Option { return func(c *config) { c.dupWindow = d } }
 
 var prefixRE = regexp.MustCompile(`^[A-Za-z0-9-]{1,32}$`)

@@ -37,6 +37,7 @@ type queue struct {
 	relSubj string
 	handle  jetstream.Stream
 	sc      jetstream.StreamConfig // as asked for at open
+	window  time.Duration          // the topic's dedup window; 0: off (dedup.go)
 
 	done   chan struct{} // closed by Close
 	ctx    context.Context
@@ -63,11 +64,13 @@ type queue struct {
 
 	// Asynchronous writes (write_async.go). amu guards the fields below;
 	// awg counts the acker.
-	amu      sync.Mutex
-	inflight []*inflight // published, not yet reported, oldest first
-	acking   bool        // the acker runs
-	aclosed  bool        // Close began: WriteAsync refuses
-	awg      sync.WaitGroup
+	amu        sync.Mutex
+	inflight   []*inflight // published, not yet reported, oldest first
+	acking     bool        // the acker runs
+	deferred   int         // writes in inflight the acker writes itself
+	recovering bool        // the acker settles a stopped pipeline: new writes are deferred
+	aclosed    bool        // Close began: WriteAsync refuses
+	awg        sync.WaitGroup
 }
 
 var (
@@ -76,6 +79,7 @@ var (
 	_ ferry.Releaser  = (*queue)(nil)
 
 	_ ferry.OffsetsContexter = (*queue)(nil)
+	_ ferry.Deduplicator     = (*queue)(nil)
 )
 
 // streamConfig maps meta's retention onto a stream.
@@ -83,7 +87,7 @@ func (s *Store) streamConfig(meta ferry.TopicMeta, name, subject string) jetstre
 	r := meta.Normalized().Retention
 	sc := jetstream.StreamConfig{
 		Name:               name,
-		Subjects:           []string{subject},
+		Subjects:           []string{subject, subject + ".k.*"},
 		Storage:            s.cfg.storage,
 		Replicas:           s.cfg.replicas,
 		MaxMsgs:            -1,
@@ -106,6 +110,9 @@ func (s *Store) streamConfig(meta ferry.TopicMeta, name, subject string) jetstre
 	}
 	if r.Overflow == ferry.Block {
 		sc.Discard = jetstream.DiscardNew
+	}
+	if w := dedupWindowOf(meta); w > 0 {
+		sc.Duplicates = max(w, minDupWindow)
 	}
 	if r.MaxAge > 0 && sc.Duplicates > r.MaxAge {
 		sc.Duplicates = r.MaxAge
@@ -137,6 +144,7 @@ func (s *Store) OpenQueue(ctx context.Context, meta ferry.TopicMeta, i int) (fer
 		s: s, id: ferry.QueueID{Topic: meta.Name, Queue: i}, meta: meta.Normalized(),
 		stream: name, subject: s.cfg.prefix + ".q." + name, relSubj: s.cfg.prefix + ".rel." + name,
 		done: make(chan struct{}), wake: make(chan struct{}), released: -1, tailWant: make(chan struct{}, 1),
+		window: dedupWindowOf(meta),
 	}
 	q.sc = s.streamConfig(meta, name, q.subject)
 	h, err := s.openStream(ctx, q.sc)
@@ -464,15 +472,17 @@ func (q *queue) get(ctx context.Context, offset int64, dst []*ferry.EnhancedMess
 }
 
 // Write implements [ferry.Queue]. One message is a publish with
-// Nats-Msg-Id set to its [ferry.MessageID]; several are one atomic batch
-// (at most [MaxBatch]), each message with its ID too. A try whose outcome
+// Nats-Msg-Id set to its [ferry.MessageID] (or, with a dedup key, to the
+// key's: see DedupWindow and dedup.go); several are one atomic batch (at
+// most [MaxBatch]), each message with its ID too. A try whose outcome
 // is unknown (a timeout after sending, no responders while a leader is
 // elected) is repeated with the same IDs until ctx ends: a single message
 // the stream stored already is dropped as a duplicate and its offset
 // returned; a batch it stored already is refused (duplicate message ID),
 // and Write finds its first message from the stream's end known before the
-// first try. So a retried Write neither duplicates nor loses within the
-// stream's duplicate window. If ctx ends while the outcome is unknown,
+// first try (a batch with keys, from the last copy of each key). So a
+// retried Write neither duplicates nor loses within the stream's
+// duplicate window. If ctx ends while the outcome is unknown,
 // Write returns ctx's error and the batch may have been stored: write the
 // same messages again to learn their offset.
 func (q *queue) Write(ctx context.Context, msgs []*ferry.EnhancedMessage) (int64, error) {
@@ -524,44 +534,45 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 	q.mu.Lock()
 	hint := q.next // the batch lands after this
 	q.mu.Unlock()
-	now := time.Now()
-	out := make([]*nats.Msg, len(msgs))
-	for i, m := range msgs {
-		m.Queue, m.Offset, m.StoreUnixNano = q.id.Queue, 0, now.UnixNano()
-		out[i] = &nats.Msg{Subject: q.subject, Header: nats.Header{jetstream.MsgIDHeader: []string{m.ID.String()}}, Data: codec.Append(nil, m)}
-	}
+	p := q.newPlan(msgs, time.Now().UnixNano())
+	unknown := false // a try's outcome was unknown: the stream may hold p
 	for {
+		if len(p.keep) == 0 { // every message a duplicate
+			p.settle()
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			return q.next, nil
+		}
 		tctx, tcancel := context.WithTimeout(ctx, q.s.cfg.opTimeout) // one try
-		last, dup, err := q.publish(tctx, out)
+		last, dup, err := q.publish(tctx, p.out)
 		tcancel()
 		if err == nil && dup {
-			// Stored by an earlier Write: give back its store time too.
-			gctx, gcancel := q.s.cfg.bound(ctx)
-			m, ok, gerr := q.leaderGet(gctx, uint64(last)+1)
-			gcancel()
-			if gerr == nil && ok {
-				msgs[0].StoreUnixNano = m.StoreUnixNano
+			// Stored by an earlier try (give back its store time too), or
+			// a duplicate of another write's.
+			ours, serr := q.settleSingle(ctx, p, last, unknown)
+			if serr != nil {
+				err = serr // a timeout: asked again below
+			} else if !ours {
+				continue
 			}
 		}
 		if err == nil {
-			first := last - int64(len(msgs)) + 1
-			for i, m := range msgs {
-				m.Offset = first + int64(i)
-			}
+			first := last - int64(len(p.keep)) + 1
+			p.stored(first)
 			q.advance(last + 1)
 			return first, nil
 		}
 		switch {
 		case isDuplicateBatch(err):
-			first, at, ferr := q.locate(ctx, hint, msgs[0].ID)
-			if ferr != nil {
+			ours, first, ferr := q.resolveBatch(ctx, p, hint, unknown)
+			switch {
+			case ferr != nil && !p.keyed:
 				return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s: a retried batch was stored before, finding it", q.id), Err: ferr}
+			case ferr != nil:
+				return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s: a batch holds a key stored before, finding it", q.id), Err: ferr}
+			case ours:
+				return first, nil
 			}
-			for i, m := range msgs {
-				m.Offset, m.StoreUnixNano = first+int64(i), at
-			}
-			q.advance(first + int64(len(msgs)))
-			return first, nil
 		case isFull(err) && !wait:
 			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrQueueFull}
 		case isFull(err):
@@ -574,7 +585,8 @@ func (q *queue) write(ctx context.Context, msgs []*ferry.EnhancedMessage, wait b
 			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s", q.id), Err: ferry.ErrClosed}
 		case ctx.Err() != nil:
 			return 0, &ferry.Error{Op: fmt.Sprintf("natsstore: write %s: outcome unknown (%v)", q.id, err), Err: ctx.Err()}
-		case isAmbiguous(err):
+		case isAmbiguous(err) || isDupInProcess(err):
+			unknown = true
 			select {
 			case <-time.After(retryBackoff):
 			case <-ctx.Done():
@@ -613,22 +625,22 @@ func (q *queue) publish(ctx context.Context, out []*nats.Msg) (last int64, dup b
 	return int64(ack.Sequence) - 1, false, nil
 }
 
-// locate finds the offset and StoreUnixNano of the message with ID id: first
-// after offset hint (the stream's end before a Write's first try), then,
-// for a batch written again by a later Write, over the duplicate window
-// (the stream dropped it as a duplicate, so it is stored within it).
-func (q *queue) locate(ctx context.Context, hint int64, id ferry.MessageID) (int64, int64, error) {
-	off, at, err := q.find(ctx, id, jetstreamext.GetBatchSeq(uint64(hint)+1))
-	if err == nil || !errors.Is(err, errNotFound) {
+// locate finds the offset and StoreUnixNano of the message published
+// with Nats-Msg-Id msgID and of ID id: first after offset hint (the
+// stream's end before a Write's first try), then, with window, for a
+// batch written again by a later Write, over the duplicate window (the
+// stream dropped it as a duplicate, so it is stored within it).
+func (q *queue) locate(ctx context.Context, hint int64, msgID string, id ferry.MessageID, window bool) (int64, int64, error) {
+	off, at, err := q.find(ctx, msgID, id, jetstreamext.GetBatchSeq(uint64(hint)+1))
+	if err == nil || !errors.Is(err, errNotFound) || !window {
 		return off, at, err
 	}
-	return q.find(ctx, id, jetstreamext.GetBatchStartTime(time.Now().Add(-q.s.cfg.dupWindow-time.Minute)))
+	return q.find(ctx, msgID, id, jetstreamext.GetBatchStartTime(time.Now().Add(-q.sc.Duplicates-time.Minute)))
 }
 
 var errNotFound = errors.New("not found")
 
-func (q *queue) find(ctx context.Context, id ferry.MessageID, from jetstreamext.GetBatchOpt) (int64, int64, error) {
-	want := id.String()
+func (q *queue) find(ctx context.Context, msgID string, id ferry.MessageID, from jetstreamext.GetBatchOpt) (int64, int64, error) {
 	for {
 		it, err := jetstreamext.GetBatch(ctx, q.s.js, q.stream, readBatch, from)
 		if err != nil {
@@ -643,17 +655,19 @@ func (q *queue) find(ctx context.Context, id ferry.MessageID, from jetstreamext.
 				return 0, 0, err
 			}
 			got++
-			if raw.Header.Get(jetstream.MsgIDHeader) == want {
+			if raw.Header.Get(jetstream.MsgIDHeader) == msgID {
 				m, _, err := codec.Decode(raw.Data)
 				if err != nil {
 					return 0, 0, err
 				}
-				return int64(raw.Sequence) - 1, m.StoreUnixNano, nil
+				if m.ID == id {
+					return int64(raw.Sequence) - 1, m.StoreUnixNano, nil
+				}
 			}
 			from = jetstreamext.GetBatchSeq(raw.Sequence + 1)
 		}
 		if got == 0 {
-			return 0, 0, fmt.Errorf("message %s: %w", want, errNotFound)
+			return 0, 0, fmt.Errorf("message %s: %w", id, errNotFound)
 		}
 	}
 }

@@ -107,10 +107,14 @@ type topicValue struct {
 	Overflow    int    `json:"overflow"`
 	// Incarnation is absent from the values of earlier versions: zero.
 	Incarnation uint64 `json:"incarnation,omitempty"`
+	// DedupWindowNanos is [ferry.TopicMeta].DedupWindow as given (0:
+	// the default, -1: [ferry.DedupOff]); absent in a topic saved before
+	// it was kept, which takes the default.
+	DedupWindowNanos int64 `json:"dedup_window_ns,omitempty"`
 }
 
 func encodeMeta(m ferry.TopicMeta) []byte {
-	b, _ := json.Marshal(topicValue{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow), m.Incarnation})
+	b, _ := json.Marshal(topicValue{m.Name, m.Queues, m.Retention.MaxMessages, m.Retention.MaxBytes, int64(m.Retention.MaxAge), int(m.Retention.Overflow), m.Incarnation, int64(m.DedupWindow)})
 	return b
 }
 
@@ -120,7 +124,8 @@ func decodeMeta(b []byte) (ferry.TopicMeta, error) {
 		return ferry.TopicMeta{}, fmt.Errorf("%w: topic metadata: %v", ferry.ErrCorrupt, err)
 	}
 	m := ferry.TopicMeta{Name: v.Name, Queues: v.Queues, Retention: ferry.Retention{
-		MaxMessages: v.MaxMessages, MaxBytes: v.MaxBytes, MaxAge: timeDuration(v.MaxAgeNanos), Overflow: ferry.Overflow(v.Overflow)}, Incarnation: v.Incarnation}
+		MaxMessages: v.MaxMessages, MaxBytes: v.MaxBytes, MaxAge: timeDuration(v.MaxAgeNanos), Overflow: ferry.Overflow(v.Overflow)}, Incarnation: v.Incarnation,
+		DedupWindow: timeDuration(v.DedupWindowNanos)}
 	return m, nil
 }
 
