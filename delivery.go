@@ -40,11 +40,16 @@ func DeliveryFrom(ctx context.Context) (Delivery, bool) {
 	return *d, true
 }
 
-// deliveryCtx is a worker's reusable handler context: its Delivery is
-// updated in place for each message, so handling allocates nothing.
+// deliveryCtx is what a worker's handler calls share: the context they
+// run under (the queue's handler context, set for each batch), the
+// Delivery they start from, and counts. Each call gets a handlerCtx of its
+// own from it (see handlerCtx).
 type deliveryCtx struct {
 	context.Context
 	d Delivery
+	// hc is the last handlerCtx made: the next call takes it again when
+	// nothing in it would differ.
+	hc *handlerCtx
 	// handled and failed count the worker's handler calls since its
 	// last flush into the deliverer's counters (once a batch).
 	handled, failed uint64
@@ -62,7 +67,17 @@ func (c *deliveryCtx) flush(d *deliverer) {
 	}
 }
 
-func (c *deliveryCtx) Value(key any) any {
+// handlerCtx is the context of a handler call: it never changes once
+// handed out, so it stays as it was when the call returns, for a
+// goroutine the handler started that still reads it (a database driver's
+// statement watcher, say), while the worker goes on with other messages.
+// Calls with the same context and Delivery share one.
+type handlerCtx struct {
+	context.Context
+	d Delivery
+}
+
+func (c *handlerCtx) Value(key any) any {
 	if key == (deliveryKey{}) {
 		return &c.d
 	}
@@ -193,6 +208,7 @@ func (d *deliverer) getWorker() *worker {
 	}
 	m := d.m
 	w.dctx.d = Delivery{Group: m.group, Member: m.cfg.memberID, MaxAttempts: m.cfg.maxAttempts}
+	w.dctx.hc = nil
 	w.sched.Store(&m.sched)
 	return w
 }
@@ -201,7 +217,7 @@ func (d *deliverer) getWorker() *worker {
 func putWorker(w *worker) {
 	w.guard.Stop()
 	w.sched.Store(nil)
-	w.dctx.Context = nil
+	w.dctx.Context, w.dctx.hc = nil, nil
 	workerPool.Put(w)
 }
 
@@ -460,23 +476,28 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 // through the hooks when there are, in a transaction of the cursor store
 // when it is a [TxCursorStore].
 func (d *deliverer) call(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage, attempt int) error {
-	dctx.d.Attempt = attempt
+	hc := dctx.hc
+	if hc == nil || hc.Context != dctx.Context || hc.d.Attempt != attempt {
+		hc = &handlerCtx{Context: dctx.Context, d: dctx.d}
+		hc.d.Attempt = attempt
+		dctx.hc = hc
+	}
 	view := d.view(msg)
 	if d.txs != nil {
-		return d.callTx(dctx, r, msg, view)
+		return d.callTx(dctx, hc, r, msg, view)
 	}
 	if hs := d.m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
-		return d.callHooked(hs, dctx, dctx, view)
+		return d.callHooked(hs, dctx, hc, view)
 	}
-	return d.safeHandle(dctx, dctx, view)
+	return d.safeHandle(dctx, hc, view)
 }
 
 // callTx is call in a transaction of the cursor store (see
 // [TxCursorStore]): msg's offset finishes in it when the handler
 // succeeds; a failed Begin or Commit fails the attempt.
-func (d *deliverer) callTx(dctx *deliveryCtx, r *queueRun, msg, view *EnhancedMessage) error {
+func (d *deliverer) callTx(dctx *deliveryCtx, hc *handlerCtx, r *queueRun, msg, view *EnhancedMessage) error {
 	m := d.m
-	ctx, tx, err := d.txs.Begin(dctx, m.topic, m.scope, r.q, msg.Offset, r.lease.Token())
+	ctx, tx, err := d.txs.Begin(hc, m.topic, m.scope, r.q, msg.Offset, r.lease.Token())
 	if err != nil {
 		dctx.failed++
 		return &Error{Op: fmt.Sprintf("begin handler transaction at %s offset %d", r.id, msg.Offset), Err: err}
