@@ -129,6 +129,10 @@ type DeadlineLease interface {
 // [WithCoordinator]). Its sessions end only by Leave or Close. A change
 // shows at once: by the time Join or Leave returns, Members and every
 // session's Members show it and the sessions have their Changed value.
+// Its lease tokens follow the wall clock (see [Lease.Token]), so a
+// process started again gives larger tokens than it did before, and a
+// fenced cursor store that keeps tokens across restarts (filestore,
+// sqlstore) takes its commits.
 type MemoryCoordinator struct {
 	mu     sync.Mutex // guards every field below
 	groups map[GroupKey][]*memSession
@@ -341,9 +345,13 @@ func (s *memSession) Lock(ctx context.Context, queue int) (Lease, error) {
 	}
 }
 
-// grantLocked gives s the free lock k. s.c.mu held.
+// grantLocked gives s the free lock k. s.c.mu held. Tokens follow the
+// wall clock (in nanoseconds, one more than the last when that is later),
+// so that a process started again, with a new coordinator, gives larger
+// tokens than the one before did: a store that keeps the tokens it saw
+// (a fenced cursor store on disk or in a database) does not fence it out.
 func (s *memSession) grantLocked(k lockKey) *memLease {
-	s.c.tokens[k]++
+	s.c.tokens[k] = max(s.c.tokens[k]+1, uint64(time.Now().UnixNano()))
 	l := &memLease{s: s, k: k, token: s.c.tokens[k]}
 	s.c.locks[k] = l
 	s.leases = append(s.leases, l)

@@ -83,8 +83,8 @@ func ExampleFakeCoordinator() {
 	a, _ := c.Join(ctx, g, "node-a")
 	b, _ := c.Join(ctx, g, "node-b")
 	lease, _ := a.Lock(ctx, 0)
-	member, token, _ := c.Holder(g, 0)
-	fmt.Println("queue 0 held by", member, "with token", token)
+	member, first, _ := c.Holder(g, 0)
+	fmt.Println("queue 0 held by", member, "with the lease's token:", first == lease.Token())
 
 	got := make(chan ferry.Lease)
 	go func() {
@@ -100,16 +100,16 @@ func ExampleFakeCoordinator() {
 	default:
 	}
 	<-a.Done()
-	member, token, _ = c.Holder(g, 0)
-	fmt.Println("queue 0 held by", member, "with token", token, "| node-a's lease lost:", lost, "| next token:", next.Token())
+	member, token, _ := c.Holder(g, 0)
+	fmt.Println("queue 0 held by", member, "with a larger token:", token > first && token == next.Token(), "| node-a's lease lost:", lost)
 	<-b.Changed()
 	fmt.Println("node-b sees", b.Members())
 	for _, s := range c.Sessions() {
 		fmt.Println("session", s.Group, s.Member, "holding", s.Queues)
 	}
 	// Output:
-	// queue 0 held by node-a with token 1
-	// queue 0 held by node-b with token 2 | node-a's lease lost: true | next token: 2
+	// queue 0 held by node-a with the lease's token: true
+	// queue 0 held by node-b with a larger token: true | node-a's lease lost: true
 	// node-b sees [node-b]
 	// session billing/orders node-b holding [0]
 }
