@@ -541,9 +541,21 @@ func (d *deliverer) callHooked(hs *hookSet, dctx *deliveryCtx, ctx context.Conte
 	return err
 }
 
-// safeHandle calls the handler with ctx, turning a panic into an error,
-// and counts the call in dctx.
+// safeHandle calls the handler with ctx, under the consumer's time limit
+// when it has one (see WithHandlerTimeout), turning a panic into an
+// error, and counts the call in dctx.
 func (d *deliverer) safeHandle(dctx *deliveryCtx, ctx context.Context, msg *EnhancedMessage) (err error) {
+	if limit := d.m.cfg.handlerTimeout; limit > 0 {
+		tc := newTimedCtx(ctx, limit)
+		ctx = tc
+		defer func() {
+			if tc.end() && err == nil {
+				err = &Error{Op: fmt.Sprintf("handle %s offset %d", msg.QueueID(), msg.Offset), Err: ErrHandlerTimeout}
+				dctx.handled--
+				dctx.failed++
+			}
+		}()
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			err = &Error{Op: "handler panic", Err: fmt.Errorf("%v", p)}

@@ -116,14 +116,16 @@ type consumerConfig struct {
 	maxBackoff   time.Duration
 	deadLetter   string
 	drainTimeout time.Duration
-	onError      func(error)
-	onReset      func(q QueueID, from, to int64)
-	onAssigned   func(QueueID)
-	onRevoked    func(QueueID)
-	hooks        []Hook
-	autoCommit   bool
-	retryTopic   string // where failures are retried off the queue
-	retryOf      string // for a consumer of a retry topic: the origin topic
+	// handlerTimeout limits each handler call (see WithHandlerTimeout).
+	handlerTimeout time.Duration
+	onError        func(error)
+	onReset        func(q QueueID, from, to int64)
+	onAssigned     func(QueueID)
+	onRevoked      func(QueueID)
+	hooks          []Hook
+	autoCommit     bool
+	retryTopic     string // where failures are retried off the queue
+	retryOf        string // for a consumer of a retry topic: the origin topic
 }
 
 // WithAllocator sets how the group's queues are split among its members.
@@ -370,6 +372,8 @@ func newConsumerConfig(group, topic string, apply func(*consumerConfig)) (*consu
 		return nil, fmt.Errorf("%w: max retry backoff %v", ErrInvalidOption, c.maxBackoff)
 	case c.drainTimeout < 0:
 		return nil, fmt.Errorf("%w: drain timeout %v", ErrInvalidOption, c.drainTimeout)
+	case c.handlerTimeout < 0:
+		return nil, fmt.Errorf("%w: handler timeout %v", ErrInvalidOption, c.handlerTimeout)
 	}
 	for _, t := range c.tags {
 		if t == "" {
