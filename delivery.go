@@ -120,6 +120,9 @@ type deliverer struct {
 	// txs is the group's cursor store when it runs handlers in its
 	// transactions (see TxCursorStore); nil otherwise.
 	txs TxCursorStore
+	// lim is the rate limit of the handler calls (see WithRateLimit);
+	// nil without one.
+	lim *limiter
 
 	retryWake chan struct{}
 	mu        sync.Mutex // guards delayed, looping and producer
@@ -131,6 +134,9 @@ type deliverer struct {
 func newDeliverer(m *groupMember, h Handler) *deliverer {
 	d := &deliverer{m: m, h: h, retryWake: make(chan struct{}, 1)}
 	d.txs, _ = m.b.cursors.(TxCursorStore)
+	if m.cfg.limited {
+		d.lim = newLimiter(m.cfg.rate, m.cfg.burst)
+	}
 	d.cost.Store(int64(shareBudget)) // slow until measured (see runBatch)
 	return d
 }
@@ -410,7 +416,7 @@ func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedM
 		if err == nil {
 			return true
 		}
-		if !r.h.serving() {
+		if err == errGivenUp || !r.h.serving() {
 			return false
 		}
 		if attempt >= m.cfg.maxAttempts || isPermanent(err) {
@@ -454,6 +460,10 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 	if err == nil {
 		return true
 	}
+	if err == errGivenUp {
+		d.abandonKey(r, msg)
+		return false
+	}
 	if attempt >= m.cfg.maxAttempts || isPermanent(err) {
 		return d.deadLetterOrRetry(r, msg, attempt, err, 1)
 	}
@@ -476,6 +486,9 @@ func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage,
 // through the hooks when there are, in a transaction of the cursor store
 // when it is a [TxCursorStore].
 func (d *deliverer) call(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage, attempt int) error {
+	if !d.throttle(r) {
+		return errGivenUp
+	}
 	hc := dctx.hc
 	if hc == nil || hc.Context != dctx.Context || hc.d.Attempt != attempt {
 		hc = &handlerCtx{Context: dctx.Context, d: dctx.d}

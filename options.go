@@ -118,14 +118,19 @@ type consumerConfig struct {
 	drainTimeout time.Duration
 	// handlerTimeout limits each handler call (see WithHandlerTimeout).
 	handlerTimeout time.Duration
-	onError        func(error)
-	onReset        func(q QueueID, from, to int64)
-	onAssigned     func(QueueID)
-	onRevoked      func(QueueID)
-	hooks          []Hook
-	autoCommit     bool
-	retryTopic     string // where failures are retried off the queue
-	retryOf        string // for a consumer of a retry topic: the origin topic
+	// rate and burst limit the handler calls (see WithRateLimit) when
+	// limited.
+	rate       float64
+	burst      int
+	limited    bool
+	onError    func(error)
+	onReset    func(q QueueID, from, to int64)
+	onAssigned func(QueueID)
+	onRevoked  func(QueueID)
+	hooks      []Hook
+	autoCommit bool
+	retryTopic string // where failures are retried off the queue
+	retryOf    string // for a consumer of a retry topic: the origin topic
 }
 
 // WithAllocator sets how the group's queues are split among its members.
@@ -374,6 +379,8 @@ func newConsumerConfig(group, topic string, apply func(*consumerConfig)) (*consu
 		return nil, fmt.Errorf("%w: drain timeout %v", ErrInvalidOption, c.drainTimeout)
 	case c.handlerTimeout < 0:
 		return nil, fmt.Errorf("%w: handler timeout %v", ErrInvalidOption, c.handlerTimeout)
+	case c.limited && !validRate(c.rate, c.burst):
+		return nil, fmt.Errorf("%w: rate limit %v per second, burst %d", ErrInvalidOption, c.rate, c.burst)
 	}
 	for _, t := range c.tags {
 		if t == "" {
