@@ -87,6 +87,14 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 	if h == nil {
 		return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: nil handler", ErrInvalidOption)}
 	}
+	if bh, ok := h.(*batchHandler); ok {
+		if bh.max < 1 {
+			return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: batches of at most %d messages", ErrInvalidOption, bh.max)}
+		}
+		if _, tx := b.cursors.(TxCursorStore); tx {
+			return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: a batch handler over a cursor store that runs handlers in its transactions (%T)", ErrInvalidOption, b.cursors)}
+		}
+	}
 	if cfg.deadLetter == "" {
 		if cfg.deadLetter, err = DeadLetterTopic(group); err != nil {
 			return nil, &Error{Op: "new consumer: dead-letter topic (set WithDeadLetter)", Err: err}

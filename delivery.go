@@ -123,6 +123,8 @@ type deliverer struct {
 	// lim is the rate limit of the handler calls (see WithRateLimit);
 	// nil without one.
 	lim *limiter
+	// bh is the batch handler when h is one (see Batch); nil otherwise.
+	bh *batchHandler
 
 	retryWake chan struct{}
 	mu        sync.Mutex // guards delayed, looping and producer
@@ -137,6 +139,7 @@ func newDeliverer(m *groupMember, h Handler) *deliverer {
 	if m.cfg.limited {
 		d.lim = newLimiter(m.cfg.rate, m.cfg.burst)
 	}
+	d.bh, _ = h.(*batchHandler)
 	d.cost.Store(int64(shareBudget)) // slow until measured (see runBatch)
 	return d
 }
@@ -311,7 +314,15 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	dctx := w.dctx
 	cost := max(1, d.cost.Load())
 	measured := d.measured.Load()
-	n, pending := r.buf.takeShare(w.batch, m.cfg.concurrency, int(min(maxAlone, int64(shareBudget)/cost)))
+	least := int(min(maxAlone, int64(shareBudget)/cost))
+	dst := w.batch
+	if d.bh != nil {
+		if len(w.batch) < d.bh.max {
+			w.batch = make([]*EnhancedMessage, d.bh.max)
+		}
+		dst, least = w.batch[:d.bh.max], d.bh.max
+	}
+	n, pending := r.buf.takeShare(dst, m.cfg.concurrency, least)
 	guarded := false
 	switch {
 	case pending == 0:
@@ -331,7 +342,13 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 		start = time.Now()
 	}
 	batch := w.batch
+	if d.bh != nil && n > 0 {
+		finished = d.handleBatch(dctx, r, batch[:n], finished)
+	}
 	for i, msg := range batch[:n] {
+		if d.bh != nil {
+			break // handled as one
+		}
 		if !r.admit() {
 			// Revoked, closing or lost, or the lease may have expired
 			// (the process was paused past its TTL): what has not
@@ -374,6 +391,10 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 		return // another worker has the queue; it reschedules it after
 	}
 	dctx.Context = r.hctx
+	if d.bh != nil {
+		d.orderedBatches(dctx, r)
+		return
+	}
 	for range 64 {
 		if !r.admitTake() {
 			break
@@ -407,14 +428,23 @@ func (d *deliverer) ordered(dctx *deliveryCtx, r *queueRun, one []*EnhancedMessa
 // retried (or dead-lettered) by a member giving the queue up, so a
 // release never waits out a backoff.
 func (d *deliverer) handleOrdered(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage) bool {
+	return d.orderedFrom(dctx, r, msg, 1, nil)
+}
+
+// orderedFrom is handleOrdered from attempt on; with a non-nil failed,
+// that attempt was made already (in a batch) and failed so.
+func (d *deliverer) orderedFrom(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage, attempt int, failed error) bool {
 	m := d.m
-	for attempt := 1; ; attempt++ {
-		if !r.admit() {
-			return false
-		}
-		err := d.call(dctx, r, msg, attempt)
+	for ; ; attempt++ {
+		err := failed
+		failed = nil
 		if err == nil {
-			return true
+			if !r.admit() {
+				return false
+			}
+			if err = d.call(dctx, r, msg, attempt); err == nil {
+				return true
+			}
 		}
 		if err == errGivenUp || !r.h.serving() {
 			return false
@@ -455,11 +485,17 @@ func (d *deliverer) wait(r *queueRun, w time.Duration) bool {
 // msg is finished; a failure with attempts left is scheduled for retry
 // and stays in flight.
 func (d *deliverer) handle(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage, attempt int) bool {
-	m := d.m
 	err := d.call(dctx, r, msg, attempt)
 	if err == nil {
 		return true
 	}
+	return d.failure(r, msg, attempt, err)
+}
+
+// failure goes on after an attempt of msg in concurrent mode failed with
+// err: dead letter, retry or give back, as handle says.
+func (d *deliverer) failure(r *queueRun, msg *EnhancedMessage, attempt int, err error) bool {
+	m := d.m
 	if err == errGivenUp {
 		d.abandonKey(r, msg)
 		return false
