@@ -1,0 +1,102 @@
+package ferry_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ferrymq/ferry"
+)
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkMultiTopic drains a backlog spread over 100 topics with one
+// MultiConsumer and with 100 single-topic consumers (issue 31's goal: CPU
+// per message ≤ 1.0× the single consumers'). cpu-ns/msg is the process's
+// CPU time per message; compare within one run.
+func BenchmarkMultiTopic(b *testing.B) {
+	const topics = 100
+	for _, multi := range []bool{true, false} {
+		name := "Single100"
+		if multi {
+			name = "Multi100"
+		}
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			br, err := ferry.NewBroker()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer br.Close()
+			names := make([]string, topics)
+			for i := range names {
+				names[i] = "t" + strconv.Itoa(i)
+				if err := br.CreateTopic(ctx, ferry.TopicMeta{Name: names[i], Queues: 1, Retention: ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			p, _ := br.NewProducer()
+			defer p.Close()
+			per := max(1, b.N/topics)
+			n := per * topics
+			msgs := make([]*ferry.Message, 0, per)
+			for _, t := range names {
+				msgs = msgs[:0]
+				for range per {
+					msgs = append(msgs, &ferry.Message{Topic: t, Body: benchBody})
+				}
+				if _, err := p.SendBatch(ctx, msgs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var done atomic.Int64
+			all := make(chan struct{})
+			h := ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error {
+				if done.Add(1) == int64(n) {
+					close(all)
+				}
+				return nil
+			})
+			b.ResetTimer()
+			cpu0, start := cpuTime(), time.Now()
+			var closers []func() error
+			if multi {
+				mc, err := br.NewMultiConsumer("g", names, h, ferry.WithStartFrom(ferry.Earliest))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := mc.Start(ctx); err != nil {
+					b.Fatal(err)
+				}
+				closers = append(closers, mc.Close)
+			} else {
+				for _, t := range names {
+					c, err := br.NewConsumer("g", t, h, ferry.WithStartFrom(ferry.Earliest))
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := c.Start(ctx); err != nil {
+						b.Fatal(err)
+					}
+					closers = append(closers, c.Close)
+				}
+			}
+			<-all
+			cpu, elapsed := cpuTime()-cpu0, time.Since(start)
+			b.StopTimer()
+			for _, c := range closers {
+				_ = c()
+			}
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(n), "cpu-ns/msg")
+			b.ReportMetric(float64(n)/elapsed.Seconds(), "msgs/s")
+		})
+	}
+}
