@@ -61,11 +61,12 @@ func batchErrOf(err error, i int) error {
 
 // Batch makes a [Handler] of h for [Broker.NewConsumer]: the consumer
 // hands h up to max messages of one queue at a time, in offset order —
-// those pending when a worker takes its share (it does not wait for more
-// to arrive). Each message's result is its own: nil succeeds them all, a
+// those pending when a worker takes its share (see [BatchLinger] to wait
+// for more to arrive). Each message's result is its own: nil succeeds them all, a
 // [BatchError] fails the ones it names, another error fails them all; a
 // failed message is retried or dead-lettered as it would be alone (its
-// retries come as batches of one, or with other retries). A panic fails
+// retries come as batches of one, or with other retries, in the retry
+// topic's order; the call's [Delivery].Attempt is its first message's). A panic fails
 // the batch. Cursors are as for single messages (the smallest unfinished
 // offset). In concurrent mode batches of one queue run in parallel up to
 // [WithConcurrency]; with [Ordered] a batch is a prefix of the queue, and
@@ -78,16 +79,52 @@ func batchErrOf(err error, i int) error {
 // batches: [Broker.NewConsumer] refuses the combination. A max below 1
 // is [ErrInvalidOption] there.
 func Batch(h BatchHandler, max int) Handler {
+	return BatchLinger(h, max, 0)
+}
+
+// BatchLinger is [Batch] that waits for a batch to fill: when fewer than
+// max messages of a queue are pending, they wait up to linger (from when
+// a worker first found them so) for more, then go as they are. A linger
+// of zero is Batch; a negative one is [ErrInvalidOption] in
+// [Broker.NewConsumer].
+func BatchLinger(h BatchHandler, max int, linger time.Duration) Handler {
 	if h == nil {
 		return nil
 	}
-	return &batchHandler{h: h, max: max}
+	return &batchHandler{h: h, max: max, linger: linger}
 }
 
 // batchHandler is Batch's Handler: Handle hands over a batch of one.
 type batchHandler struct {
-	h   BatchHandler
-	max int
+	h      BatchHandler
+	max    int
+	linger time.Duration
+}
+
+// lingers reports whether a worker leaves r's pending messages to wait
+// for more (see BatchLinger): fewer than a batch, and their linger not
+// over; it arms a timer that lists r again when it is.
+func (d *deliverer) lingers(r *queueRun) bool {
+	bh := d.bh
+	if bh == nil || bh.linger <= 0 || r.buf.Pending() >= bh.max {
+		r.lingerUntil.Store(0)
+		return false
+	}
+	now := time.Now().UnixNano()
+	until := r.lingerUntil.Load()
+	if until == 0 {
+		until = now + int64(bh.linger)
+		if r.lingerUntil.CompareAndSwap(0, until) {
+			time.AfterFunc(bh.linger, func() { d.m.sched.push(r) })
+		} else {
+			until = r.lingerUntil.Load()
+		}
+	}
+	if now < until {
+		return true
+	}
+	r.lingerUntil.Store(0)
+	return false
 }
 
 func (b *batchHandler) Handle(ctx context.Context, m *EnhancedMessage) error {
@@ -182,7 +219,7 @@ func (d *deliverer) callBatch(dctx *deliveryCtx, msgs []*EnhancedMessage) (err e
 func (d *deliverer) orderedBatches(dctx *deliveryCtx, r *queueRun) {
 	w := make([]*EnhancedMessage, d.bh.max)
 	for range 8 {
-		if !r.admitTake() {
+		if !r.admitTake() || d.lingers(r) {
 			break
 		}
 		n, _ := r.buf.Take(w)

@@ -36,8 +36,11 @@ func TestBatchHandler(t *testing.T) {
 				defer mu.Unlock()
 				sizes[len(msgs)]++
 				failed := map[int]error{}
+				d, _ := ferry.DeliveryFrom(ctx)
 				for i, m := range msgs {
-					if i > 0 && m.Offset <= msgs[i-1].Offset {
+					// A batch of retries (from the retry topic) is in its
+					// order there; first attempts in their queue's.
+					if d.Attempt == 1 && i > 0 && m.Offset <= msgs[i-1].Offset {
 						orderOK = false
 					}
 					body := string(m.Body)
@@ -129,4 +132,53 @@ func TestBatchHandlerBadInput(t *testing.T) {
 	require.ErrorIs(t, err, ferry.ErrInvalidOption)
 	_, err = b.NewConsumer("g", "t", ferry.Batch(nil, 4))
 	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+}
+
+// TestBatchLinger: with a linger, messages that arrive one by one wait
+// for each other up to it and go as one batch; a lone message goes when
+// its linger is over.
+func TestBatchLinger(t *testing.T) {
+	for _, mode := range []string{"concurrent", "ordered"} {
+		t.Run(mode, func(t *testing.T) {
+			b := newTopic(t, 1)
+			var mu sync.Mutex
+			var sizes []int
+			got := make(chan time.Time, 16)
+			h := ferry.BatchLinger(ferry.BatchHandlerFunc(func(ctx context.Context, msgs []*ferry.EnhancedMessage) error {
+				mu.Lock()
+				sizes = append(sizes, len(msgs))
+				mu.Unlock()
+				got <- time.Now()
+				return nil
+			}), 64, 300*time.Millisecond)
+			var opts []ferry.ConsumerOption
+			if mode == "ordered" {
+				opts = append(opts, ferry.Ordered())
+			}
+			startConsumer(t, b, "g", h, opts...)
+			p := newProducer(t, b)
+			for range 8 {
+				_, err := p.Send(t.Context(), &ferry.Message{Topic: "t", Body: []byte("m")})
+				require.NoError(t, err)
+				time.Sleep(5 * time.Millisecond)
+			}
+			<-got
+			mu.Lock()
+			first := sizes[0]
+			mu.Unlock()
+			assert.Equal(t, 8, first, "eight messages 5 ms apart in one batch")
+
+			sent := time.Now()
+			_, err := p.Send(t.Context(), &ferry.Message{Topic: "t", Body: []byte("alone")})
+			require.NoError(t, err)
+			select {
+			case at := <-got:
+				assert.GreaterOrEqual(t, at.Sub(sent), 250*time.Millisecond, "a lone message waits for its linger")
+			case <-time.After(10 * time.Second):
+				t.Fatal("a lone message never went")
+			}
+			_, err = b.NewConsumer("g2", "t", ferry.BatchLinger(ferry.BatchHandlerFunc(func(context.Context, []*ferry.EnhancedMessage) error { return nil }), 4, -1))
+			require.ErrorIs(t, err, ferry.ErrInvalidOption)
+		})
+	}
 }

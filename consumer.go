@@ -88,8 +88,8 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 		return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: nil handler", ErrInvalidOption)}
 	}
 	if bh, ok := h.(*batchHandler); ok {
-		if bh.max < 1 {
-			return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: batches of at most %d messages", ErrInvalidOption, bh.max)}
+		if bh.max < 1 || bh.linger < 0 {
+			return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: batches of at most %d messages, linger %v", ErrInvalidOption, bh.max, bh.linger)}
 		}
 		if _, tx := b.cursors.(TxCursorStore); tx {
 			return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: a batch handler over a cursor store that runs handlers in its transactions (%T)", ErrInvalidOption, b.cursors)}

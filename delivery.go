@@ -316,6 +316,9 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	measured := d.measured.Load()
 	least := int(min(maxAlone, int64(shareBudget)/cost))
 	dst := w.batch
+	if d.lingers(r) {
+		return // the timer lists r again
+	}
 	if d.bh != nil {
 		if len(w.batch) < d.bh.max {
 			w.batch = make([]*EnhancedMessage, d.bh.max)

@@ -77,6 +77,9 @@ type queueRun struct {
 	skipAt int
 
 	keys *keyed // OrderedByKey's keys in flight (see keyed.go); nil otherwise
+	// lingerUntil is when a batch handler's short batch stops waiting
+	// for more messages (Unix ns; 0: not waiting, see deliverer.linger).
+	lingerUntil atomic.Int64
 
 	cslot     *cursorSlot // the queue's cursor, when the store is a MemoryCursorStore
 	commitMu  sync.Mutex  // guards committed; commits hold it
