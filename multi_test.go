@@ -119,3 +119,74 @@ func TestPatternConsumer(t *testing.T) {
 	_, err = b.NewPatternConsumer("g", nil, tt.handler())
 	require.ErrorIs(t, err, ferry.ErrInvalidOption)
 }
+
+// TestMultiPullConsumer: a pull consumer over two topics gets both
+// topics' messages, turn by turn, commits each through its topic's
+// cursor, and, with WithAutoCommit, its iterator finishes what it yields.
+func TestMultiPullConsumer(t *testing.T) {
+	ctx := t.Context()
+	b := newTopic(t, 2) // "t"
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "u", Queues: 1}))
+	p := newProducer(t, b)
+	for _, topic := range []string{"t", "u"} {
+		for range 5 {
+			_, err := p.Send(ctx, &ferry.Message{Topic: topic, Body: []byte(topic)})
+			require.NoError(t, err)
+		}
+	}
+	mc, err := b.NewMultiPullConsumer("g", []string{"u", "t"}, ferry.WithStartFrom(ferry.Earliest))
+	require.NoError(t, err)
+	defer mc.Close()
+	assert.Equal(t, []string{"t", "u"}, mc.Topics())
+	got := map[string]int{}
+	var firstTwo []string
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for got["t"]+got["u"] < 10 {
+		msgs, err := mc.Poll(pctx, 100)
+		require.NoError(t, err)
+		for _, m := range msgs {
+			got[m.Topic]++
+		}
+		if len(firstTwo) < 2 {
+			firstTwo = append(firstTwo, msgs[0].Topic)
+		}
+		require.NoError(t, mc.Commit(ctx, msgs...))
+	}
+	assert.Equal(t, map[string]int{"t": 5, "u": 5}, got)
+	assert.NotEqual(t, firstTwo[0], firstTwo[1], "the topics take turns")
+	for _, topic := range []string{"t", "u"} {
+		lag, err := b.Lag(ctx, "g", topic)
+		require.NoError(t, err)
+		assert.Zero(t, lag.Lag, "topic %s committed", topic)
+	}
+	require.ErrorIs(t, mc.Commit(ctx, &ferry.EnhancedMessage{Message: ferry.Message{Topic: "nope"}}), ferry.ErrInvalidOption)
+	_, err = mc.Poll(ctx, 0)
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	_, err = b.NewMultiPullConsumer("g", []string{"t", "t"})
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+	_, err = b.NewMultiPullConsumer("g", nil)
+	require.ErrorIs(t, err, ferry.ErrInvalidOption)
+
+	// The iterator, auto-committing, over new messages.
+	auto, err := b.NewMultiPullConsumer("a", []string{"t", "u"}, ferry.WithStartFrom(ferry.Earliest), ferry.WithAutoCommit())
+	require.NoError(t, err)
+	defer auto.Close()
+	n := 0
+	for m, err := range auto.Messages(pctx) {
+		require.NoError(t, err)
+		require.NotNil(t, m)
+		if n++; n == 10 {
+			break
+		}
+	}
+	ferrytest.WaitFor(t, 10*time.Second, "the iterator's messages committed", func() bool {
+		lt, err1 := b.Lag(ctx, "a", "t")
+		lu, err2 := b.Lag(ctx, "a", "u")
+		return err1 == nil && err2 == nil && lt.Lag == 0 && lu.Lag == 0
+	}, nil)
+	require.NoError(t, auto.Close())
+	for _, err := range auto.Messages(ctx) {
+		require.ErrorIs(t, err, ferry.ErrClosed)
+	}
+}
