@@ -24,7 +24,7 @@ func TestHandlerTimeout(t *testing.T) {
 	for _, mode := range []string{"concurrent", "ordered", "keyed"} {
 		t.Run(mode, func(t *testing.T) {
 			b := newTopic(t, 1)
-			const limit = 50 * time.Millisecond
+			const limit = 200 * time.Millisecond
 			var slowCalls, longCalls atomic.Int64
 			var sawDeadline, sawCause atomic.Bool
 			h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
@@ -39,10 +39,10 @@ func TestHandlerTimeout(t *testing.T) {
 						sawCause.Store(true)
 					}
 					return nil
-				case "long": // works 4 limits, saying so every half limit
+				case "long": // works 4 limits, saying so every tenth of one
 					longCalls.Add(1)
-					for range 8 {
-						time.Sleep(limit / 2)
+					for range 40 {
+						time.Sleep(limit / 10)
 						if err := ferry.InProgress(ctx); err != nil {
 							return err
 						}
