@@ -309,7 +309,9 @@ func (mc *MultiConsumer) Stats() map[string]ConsumerStats {
 // Pause pauses the given queues, each through its topic's consumer, or
 // every queue when none is given (see [Consumer.Pause]); a queue of a
 // topic not consumed is [ErrInvalidOption] and nothing changes.
-func (mc *MultiConsumer) Pause(queues ...QueueID) error { return mc.each("pause", queues, (*Consumer).Pause) }
+func (mc *MultiConsumer) Pause(queues ...QueueID) error {
+	return mc.each("pause", queues, (*Consumer).Pause)
+}
 
 // Resume undoes Pause (see [Consumer.Resume]).
 func (mc *MultiConsumer) Resume(queues ...QueueID) error {
