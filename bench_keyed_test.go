@@ -32,56 +32,77 @@ func BenchmarkOrderedByKey(b *testing.B) {
 			if bc.max > 0 {
 				n = min(n, bc.max)
 			}
-			ctx := context.Background()
-			br, err := ferry.NewBroker()
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer br.Close()
-			if err := br.CreateTopic(ctx, ferry.TopicMeta{Name: "t", Queues: 1, Retention: ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited}}); err != nil {
-				b.Fatal(err)
-			}
-			p, _ := br.NewProducer()
-			defer p.Close()
-			msgs := make([]*ferry.Message, 0, 256)
-			for i := 0; i < n; i++ {
-				msgs = append(msgs, &ferry.Message{Topic: "t", Key: "k" + strconv.Itoa(i%1000), Body: []byte("0123456789abcdef")})
-				if len(msgs) == cap(msgs) || i == n-1 {
-					if _, err := p.SendBatch(ctx, msgs); err != nil {
-						b.Fatal(err)
-					}
-					msgs = msgs[:0]
-				}
-			}
-			var done atomic.Int64
-			all := make(chan struct{})
-			opts := []ferry.ConsumerOption{ferry.WithConcurrency(64)}
-			if bc.mode != nil {
-				opts = append(opts, bc.mode)
-			}
-			c, err := br.NewConsumer("g", "t", ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error {
-				if bc.work > 0 {
-					time.Sleep(bc.work)
-				}
-				if done.Add(1) == int64(n) {
-					close(all)
-				}
-				return nil
-			}), opts...)
-			if err != nil {
-				b.Fatal(err)
-			}
 			b.ResetTimer()
-			start := time.Now()
-			if err := c.Start(ctx); err != nil {
-				b.Fatal(err)
-			}
-			<-all
-			elapsed := time.Since(start)
+			elapsed := drainKeyed(b, n, bc.mode, bc.work)
 			b.StopTimer()
-			_ = c.Close()
 			b.ReportMetric(float64(n)/elapsed.Seconds(), "msgs/s")
 			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n), "ns/msg")
 		})
 	}
+}
+
+// BenchmarkOrderedByKeyPair alternates CPU-bound drains of 200,000
+// messages over 1,000 keys, OrderedByKey and concurrent mode, 7 rounds
+// each: Concurrent/OrderedByKey of the median times is OrderedByKey's
+// throughput as a fraction of concurrent mode's (goal ≥ 0.8).
+func BenchmarkOrderedByKeyPair(b *testing.B) {
+	const n = 200_000
+	for b.Loop() {
+		pairRatio(b, 7, "OrderedByKey", "Concurrent",
+			func() time.Duration { return drainKeyed(b, n, ferry.OrderedByKey(), 0) },
+			func() time.Duration { return drainKeyed(b, n, nil, 0) })
+	}
+}
+
+// drainKeyed sends n messages over 1,000 keys to one queue and drains
+// them with 64 workers in mode (nil: concurrent), each handler call
+// taking work; it returns the time from the consumer's start.
+func drainKeyed(b *testing.B, n int, mode ferry.ConsumerOption, work time.Duration) time.Duration {
+	ctx := context.Background()
+	br, err := ferry.NewBroker()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer br.Close()
+	if err := br.CreateTopic(ctx, ferry.TopicMeta{Name: "t", Queues: 1, Retention: ferry.Retention{MaxMessages: ferry.Unlimited, MaxBytes: ferry.Unlimited}}); err != nil {
+		b.Fatal(err)
+	}
+	p, _ := br.NewProducer()
+	defer p.Close()
+	msgs := make([]*ferry.Message, 0, 256)
+	for i := 0; i < n; i++ {
+		msgs = append(msgs, &ferry.Message{Topic: "t", Key: "k" + strconv.Itoa(i%1000), Body: []byte("0123456789abcdef")})
+		if len(msgs) == cap(msgs) || i == n-1 {
+			if _, err := p.SendBatch(ctx, msgs); err != nil {
+				b.Fatal(err)
+			}
+			msgs = msgs[:0]
+		}
+	}
+	var done atomic.Int64
+	all := make(chan struct{})
+	opts := []ferry.ConsumerOption{ferry.WithConcurrency(64)}
+	if mode != nil {
+		opts = append(opts, mode)
+	}
+	c, err := br.NewConsumer("g", "t", ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error {
+		if work > 0 {
+			time.Sleep(work)
+		}
+		if done.Add(1) == int64(n) {
+			close(all)
+		}
+		return nil
+	}), opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if err := c.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	<-all
+	elapsed := time.Since(start)
+	_ = c.Close()
+	return elapsed
 }
