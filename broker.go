@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -210,10 +209,6 @@ func (b *Broker) createTopic(ctx context.Context, meta TopicMeta) error {
 	return nil
 }
 
-// newIncarnation returns a new topic incarnation (see
-// [TopicMeta.Incarnation]): random, never zero.
-func newIncarnation() uint64 { return rand.Uint64() | 1 }
-
 // saveTopic records meta in the storage unless a topic of that name is
 // there: matching metadata is fine, other is ErrTopicExists. It returns
 // the metadata stored, normalized: meta, or the topic that was there,
@@ -240,53 +235,6 @@ func (b *Broker) saveTopic(ctx context.Context, meta TopicMeta) (TopicMeta, erro
 		return TopicMeta{}, err
 	}
 	return meta, b.storage.SaveTopic(ctx, meta)
-}
-
-// refresh looks topic t up in the storage again after one of its queues
-// said ErrClosed while the broker is open: another broker sharing the
-// storage may have deleted it (ErrTopicNotFound; t is dropped) or
-// created it again (the new incarnation is opened and replaces t). It
-// returns the topic open now: t itself when the storage holds the same
-// incarnation (the error was not about the topic).
-func (b *Broker) refresh(ctx context.Context, t *topicState) (*topicState, error) {
-	name := t.meta.Name
-	meta, err := b.storedTopic(ctx, name)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed.Load() {
-		return nil, ErrClosed
-	}
-	cur, ok := b.lookup(name)
-	if err != nil {
-		if errors.Is(err, ErrTopicNotFound) && ok && cur == t {
-			b.unpublish(name)
-			t.stale.Store(true)
-		}
-		return nil, err
-	}
-	if !ok {
-		cur = t
-	}
-	return b.adoptLocked(ctx, cur, meta.Normalized())
-}
-
-// adoptLocked makes the topic of meta, as the storage holds it, the one
-// open: cur (nil when none is open) when it is the same incarnation, or
-// a new topic replacing cur (which producers then leave, see stale).
-// b.mu held.
-func (b *Broker) adoptLocked(ctx context.Context, cur *topicState, meta TopicMeta) (*topicState, error) {
-	if cur != nil && cur.meta.Incarnation == meta.Incarnation {
-		return cur, nil
-	}
-	t, err := b.openTopic(ctx, meta)
-	if err != nil {
-		return nil, err
-	}
-	if cur != nil {
-		cur.stale.Store(true)
-	}
-	b.publish(t)
-	return t, nil
 }
 
 // storedTopic returns the metadata the storage holds for name, or

@@ -2,7 +2,6 @@ package ferry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -215,47 +214,6 @@ func (p *Producer) TrySend(m *Message) (SendResult, error) {
 	return r, nil
 }
 
-// replaced reports whether the send of m, which failed with *err, is
-// worth making again: its topic's queue said ErrClosed while producer and
-// broker are open, and the storage holds another incarnation of the
-// topic (another broker deleted it and created it again), which is open
-// now. When the storage holds no such topic, *err becomes
-// ErrTopicNotFound. A closed queue stored nothing, so the send is made at
-// most twice and stored at most once.
-func (p *Producer) replaced(ctx context.Context, m *Message, err *error) bool {
-	if m == nil {
-		return false
-	}
-	t, nt, rerr := p.recheck(ctx, m.Topic, *err)
-	if t == nil {
-		return false
-	}
-	switch {
-	case errors.Is(rerr, ErrTopicNotFound):
-		*err = rerr
-		return false
-	case rerr != nil:
-		return false
-	}
-	return nt != t
-}
-
-// recheck asks the storage about topic after a send to it failed with
-// err, when err is ErrClosed while producer and broker are open (see
-// replaced): t is the topic that was open (nil when recheck did
-// nothing), nt the one open now, rerr what the storage said.
-func (p *Producer) recheck(ctx context.Context, topic string, err error) (t, nt *topicState, rerr error) {
-	if !errors.Is(err, ErrClosed) || p.closed.Load() || p.b.closed.Load() {
-		return nil, nil, nil
-	}
-	t, ok := p.b.lookup(topic)
-	if !ok {
-		return nil, nil, nil
-	}
-	nt, rerr = p.b.refresh(ctx, t)
-	return t, nt, rerr
-}
-
 // send is Send, or TrySend when wait is false. For a MemoryQueue the
 // one-message batch stays on the stack, so a send allocates nothing but
 // its share of an envelope slab; other queues get a batch from the heap.
@@ -293,20 +251,6 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 		return SendResult{}, err
 	}
 	return sentResult(em, first), nil
-}
-
-// sentResult is the result of em, written alone by a write that returned
-// first: a duplicate (see [Duplicates]) if its offset is not first.
-func sentResult(em *EnhancedMessage, first int64) SendResult {
-	id := QueueID{Topic: em.Topic, Queue: em.Queue}
-	return SendResult{ID: em.ID, Queue: id, Offset: em.Offset, Target: id, Duplicate: em.Offset != first}
-}
-
-// markDuplicates sets Duplicate on the results of the messages of msgs,
-// written by a write that returned first, that were not stored; res(i)
-// is the result of msgs[i].
-func markDuplicates(first int64, msgs []*EnhancedMessage, res func(i int) *SendResult) {
-	Duplicates(first, msgs, func(i int) { res(i).Duplicate = true })
 }
 
 // delayed reports whether m is due later than now.
@@ -381,23 +325,6 @@ func (p *Producer) check(m *Message) (*topicState, error) {
 	return t, nil
 }
 
-// checkDedup refuses a DedupKey that cannot be honoured: too long, on a
-// delayed message (not deduplicated yet), or bound for a queue that does
-// not deduplicate (a key the storage ignores would store a retried Send
-// twice, silently).
-func (p *Producer) checkDedup(m *Message, q Queue) error {
-	if len(m.DedupKey) > MaxDedupKeyLen {
-		return fmt.Errorf("%w: dedup key of %d bytes, limit %d", ErrInvalidMessage, len(m.DedupKey), MaxDedupKeyLen)
-	}
-	if p.delayed(m) {
-		return fmt.Errorf("%w: a delayed message cannot have a dedup key yet", ErrInvalidMessage)
-	}
-	if _, ok := q.(Deduplicator); !ok {
-		return fmt.Errorf("%w: dedup key for queue %s of %T, which does not deduplicate", ErrInvalidMessage, q.ID(), q)
-	}
-	return nil
-}
-
 // route asks the router for em's queue and checks its answer.
 func (p *Producer) route(em *EnhancedMessage, meta TopicMeta) (int, error) {
 	i, err := p.router.Select(em, meta)
@@ -420,17 +347,7 @@ func (p *Producer) route(em *EnhancedMessage, meta TopicMeta) (int, error) {
 // the others, with one write per delay level.
 func (p *Producer) SendBatch(ctx context.Context, msgs []*Message) ([]SendResult, error) {
 	results, ems, err := p.sendBatch(ctx, msgs)
-	if errors.Is(err, ErrClosed) {
-		// Not sent again (a part of it may be stored), but the next
-		// send finds a topic another broker created again.
-		seen := map[string]bool{}
-		for _, m := range msgs {
-			if m != nil && !seen[m.Topic] {
-				seen[m.Topic] = true
-				p.recheck(ctx, m.Topic, err)
-			}
-		}
-	}
+	p.recheckBatch(ctx, msgs, err)
 	p.countBatch(results, len(msgs), err)
 	if p.hooks != nil {
 		for i := range ems {
