@@ -361,12 +361,24 @@ func (d *delayer) delayedMessage(lv *level, em *EnhancedMessage, target QueueID,
 	}
 }
 
-// moveKey is the deduplication key of the move of a (a hop down a level,
-// or the delivery to its target): derived from where a's message waits,
-// so that a move replayed after a crash or a restart (its level's cursor
-// not committed yet) is not stored again where it went (see
-// [Deduplicator]; a store that does not deduplicate stores it again).
+// moveKey is the deduplication key of the moves of a (the hops down the
+// levels and the delivery to its target): the key a's message carries,
+// else one derived from where it waits. Every move of a message keeps
+// the key it got at its first, so that a move replayed after a crash or
+// a restart (its level's cursor not committed yet) is not stored again,
+// wherever it goes (see [Deduplicator]; a store that does not
+// deduplicate stores it again): the replay reads the clock anew and may
+// take the message to another level than the first time did, or, due
+// by then, straight to its target, and the two copies meet under one key
+// at the target at the latest. A message placed with a key of its own (a
+// retry's, derived from the position of the message it retries, or a
+// producer's [Message.DedupKey]) keeps that key: a retry written again
+// after a crash, or a delayed send retried, takes another path through
+// the levels and still reaches its target once.
 func moveKey(a *delayAction) string {
+	if a.msg.DedupKey != "" {
+		return a.msg.DedupKey
+	}
 	return "%move:" + a.lv.t.meta.Name + ":" + strconv.FormatInt(a.msg.Offset, 10)
 }
 
