@@ -38,7 +38,8 @@ import (
 // (message, attempt) once in the retry topic, each poison message once
 // in the dead-letter topic. Handlings repeated (at-least-once
 // redelivery to a handler) are counted and reported, not failed.
-// FERRY_MOVES_CRASH_KILLS sets the kills (default 4).
+// FERRY_MOVES_CRASH_KILLS sets the kills (default 4, 2 under -short;
+// about 3 s each under -race).
 
 const (
 	movesCrashEnv   = "FERRY_MOVES_CRASH_CHILD" // the store's directory
@@ -219,6 +220,9 @@ func movesCrashChild(dir, run string) {
 
 func TestMovesCrash(t *testing.T) {
 	kills := 4
+	if testing.Short() {
+		kills = 2
+	}
 	if s := os.Getenv(movesCrashKills); s != "" {
 		var err error
 		kills, err = strconv.Atoi(s)

@@ -371,10 +371,10 @@ func (d *delayer) delayedMessage(lv *level, em *EnhancedMessage, target QueueID,
 // take the message to another level than the first time did, or, due
 // by then, straight to its target, and the two copies meet under one key
 // at the target at the latest. A message placed with a key of its own (a
-// retry's, derived from the position of the message it retries, or a
-// producer's [Message.DedupKey]) keeps that key: a retry written again
-// after a crash, or a delayed send retried, takes another path through
-// the levels and still reaches its target once.
+// retry's, derived from the position and attempt of the message it
+// retries) keeps that key: a retry written again after a crash (the
+// handler attempted again, the same attempt) takes another path through
+// the levels and still reaches the retry topic once.
 func moveKey(a *delayAction) string {
 	if a.msg.DedupKey != "" {
 		return a.msg.DedupKey

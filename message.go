@@ -34,8 +34,7 @@ type Message struct {
 	// are compared per queue: route messages with the same DedupKey to
 	// the same queue (the default router does, given the same Key). Up
 	// to [MaxDedupKeyLen] bytes; stored with the message (a delayed
-	// message keeps its key through the delay levels to its topic, where
-	// it is deduplicated again when delivered). Empty: no deduplication.
+	// message is not deduplicated yet). Empty: no deduplication.
 	DedupKey string
 	// DeliverAt, when after the broker's clock reads now (see
 	// [WithClock]), delays the message: consumers get it no earlier than
