@@ -240,6 +240,9 @@ func TestMovesCrash(t *testing.T) {
 		got, stderr, _, err := crashtest.Run([]string{movesCrashEnv + "=" + dir, movesCrashRun + "=" + strconv.Itoa(run)}, lines)
 		require.NoError(t, err)
 		require.NotContains(t, stderr, "DATA RACE", "the child")
+		if stderr != "" {
+			t.Logf("run %d: the child's stderr: %s", run, stderr)
+		}
 		n := 0
 		for _, l := range got {
 			f := strings.Fields(l)
