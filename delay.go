@@ -358,15 +358,20 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 	var batch []*EnhancedMessage
 	var placed []int // the index in ms of each of batch's messages
 	var alone []int
+	var tags []byte // placed's tags, one after another
+	var ends []int  // where each of them ends in tags
 	for ; present != 0; present &= present - 1 {
 		n := bits.TrailingZeros32(present)
 		lv, err := d.level(ctx, n)
 		if err != nil {
 			return err
 		}
-		batch, placed, alone = batch[:0], placed[:0], alone[:0]
+		batch, placed, alone, ends = batch[:0], placed[:0], alone[:0], ends[:0]
 		lv.wmu.Lock()
 		now := d.clock.Now()
+		// The level's messages come from one slab, their tags from one
+		// string (they move at about the same time, and go together).
+		tags = tags[:0]
 		for i, m := range ms {
 			if int(levels[i]) != n {
 				continue
@@ -379,10 +384,19 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 				alone = append(alone, i)
 				continue
 			}
-			batch = append(batch, delayedMessage(lv, m.em, m.target, m.at, now.Add(hop), d.incarnation(m.target)))
+			tags = appendDelayTag(tags, m.em, m.target, m.at, now.Add(hop), d.incarnation(m.target))
+			ends = append(ends, len(tags))
 			placed = append(placed, i)
 		}
-		if len(batch) > 0 {
+		if len(placed) > 0 {
+			slab := make([]EnhancedMessage, len(placed))
+			all := string(tags)
+			start := 0
+			for k, i := range placed {
+				fillDelayed(&slab[k], lv, ms[i].em, all[start:ends[k]])
+				start = ends[k]
+				batch = append(batch, &slab[k])
+			}
 			_, err = lv.queue.Write(ctx, batch)
 		}
 		lv.wmu.Unlock()
@@ -409,17 +423,16 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 // em's headers (messages are not modified once sent), unless they are
 // those of a level's message of an earlier version.
 func delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) *EnhancedMessage {
-	h := em.Headers
-	if hasDelayHeader(h) {
-		h = make(map[string]string, len(em.Headers))
-		for k, v := range em.Headers {
-			if !isDelayHeader(k) {
-				h[k] = v
-			}
-		}
-	}
 	var buf [128]byte
-	b := strconv.AppendInt(buf[:0], at.UnixNano(), 10)
+	w := &EnhancedMessage{}
+	fillDelayed(w, lv, em, string(appendDelayTag(buf[:0], em, target, at, hop, inc)))
+	return w
+}
+
+// appendDelayTag appends to b the tag of em as a level stores it (see
+// delayedMessage).
+func appendDelayTag(b []byte, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) []byte {
+	b = strconv.AppendInt(b, at.UnixNano(), 10)
 	b = append(b, ',')
 	b = strconv.AppendInt(b, hop.UnixNano(), 10)
 	b = append(b, ',')
@@ -429,9 +442,22 @@ func delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time
 	b = append(b, ',')
 	b = append(b, target.Topic...)
 	b = append(b, '|')
-	b = append(b, em.Tag...)
-	return &EnhancedMessage{
-		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: string(b), Headers: h, Body: em.Body, DedupKey: em.DedupKey},
+	return append(b, em.Tag...)
+}
+
+// fillDelayed makes w em as level lv stores it, with the tag tag.
+func fillDelayed(w *EnhancedMessage, lv *level, em *EnhancedMessage, tag string) {
+	h := em.Headers
+	if hasDelayHeader(h) {
+		h = make(map[string]string, len(em.Headers))
+		for k, v := range em.Headers {
+			if !isDelayHeader(k) {
+				h[k] = v
+			}
+		}
+	}
+	*w = EnhancedMessage{
+		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: tag, Headers: h, Body: em.Body, DedupKey: em.DedupKey},
 		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
 	}
 }
