@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"math/bits"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,19 +49,41 @@ const (
 	delayLevels = 32
 )
 
-// Headers of a delayed message. HeaderDeliverAt stays on the message
-// delivered to its topic: when it was due, in Unix nanoseconds.
+// HeaderDeliverAt is on a delayed message delivered to its topic: when it
+// was due, in Unix nanoseconds.
+const HeaderDeliverAt = "ferry-deliver-at"
+
+// A level's message says what its move is in its Tag, ahead of the
+// message's own tag (one string to make per message, and no headers map
+// of its own: it shares the message's): "<due>,<hop>,<queue>,
+// <incarnation>,<topic>|<tag>", its due time and the end of its hop in
+// Unix nanoseconds, its target queue, the incarnation of its target topic
+// when it was placed (see TopicMeta.Incarnation: a message bound for a
+// topic deleted and created again since is dropped, not delivered to the
+// new one; 0: none), its target topic (a topic name holds no '|'), then
+// the tag it is delivered with. No consumer of a level filters by tag.
+//
+// Earlier versions said it in headers, which a level's message stored
+// then still has (read as before): its target topic and queue, the end
+// of its hop, its target's incarnation, and its due time in
+// HeaderDeliverAt.
 const (
-	HeaderDeliverAt  = "ferry-deliver-at"
-	headerDelayTopic = "ferry-delay-topic"
-	headerDelayQueue = "ferry-delay-queue"
-	headerDelayHop   = "ferry-delay-hop"
-	// headerDelayIncarnation is the incarnation of the target topic when
-	// the message was placed (see TopicMeta.Incarnation): a message bound
-	// for a topic deleted and created again since is dropped, not
-	// delivered to the new one.
+	headerDelayTopic       = "ferry-delay-topic"
+	headerDelayQueue       = "ferry-delay-queue"
+	headerDelayHop         = "ferry-delay-hop"
 	headerDelayIncarnation = "ferry-delay-incarnation"
 )
+
+// isDelayHeader reports whether k is one of the headers a level's message
+// had in earlier versions, which a message moved or delivered goes
+// without (HeaderDeliverAt is set again on delivery).
+func isDelayHeader(k string) bool {
+	switch k {
+	case HeaderDeliverAt, headerDelayTopic, headerDelayQueue, headerDelayHop, headerDelayIncarnation:
+		return true
+	}
+	return false
+}
 
 // IsDelayTopic reports whether name is one of the internal topics where
 // delayed messages wait.
@@ -162,6 +182,8 @@ type delayAction struct {
 	seq       uint64
 	deliverAt time.Time
 	target    QueueID
+	inc       uint64           // the target topic's incarnation, 0 if none
+	tag       string           // the tag it is delivered with
 	msg       *EnhancedMessage // as stored in the level
 	lv        *level
 	epoch     uint64
@@ -210,7 +232,7 @@ func (d *delayer) deliverNow(ctx context.Context, em *EnhancedMessage, target Qu
 		return SendResult{}, err
 	}
 	q := t.queues[target.Queue%len(t.queues)]
-	w := delivered(t, em, em.DedupKey)
+	w := delivered(t, em, em.Tag, em.DedupKey, time.Time{})
 	if err := write(ctx, q, w, wait); err != nil {
 		return SendResult{}, err
 	}
@@ -218,18 +240,58 @@ func (d *delayer) deliverNow(ctx context.Context, em *EnhancedMessage, target Qu
 	return SendResult{ID: w.ID, Queue: id, Offset: w.Offset, DeliverAt: at, Target: id}, nil
 }
 
-// delivered returns em as it goes to its target topic t: its delay
-// headers stripped, with the deduplication key key.
-func delivered(t *topicState, em *EnhancedMessage, key string) *EnhancedMessage {
+// delivered returns em as it goes to its target topic t, with the tag
+// tag and the deduplication key key: without the headers of a level's
+// message of an earlier version and, unless due is zero, with its due
+// time in HeaderDeliverAt.
+func delivered(t *topicState, em *EnhancedMessage, tag, key string, due time.Time) *EnhancedMessage {
+	h := em.Headers
+	if !due.IsZero() || hasDelayHeader(h) {
+		h = make(map[string]string, len(em.Headers)+1)
+		for k, v := range em.Headers {
+			if !isDelayHeader(k) || k == HeaderDeliverAt && due.IsZero() {
+				h[k] = v
+			}
+		}
+		if !due.IsZero() {
+			h[HeaderDeliverAt] = strconv.FormatInt(due.UnixNano(), 10)
+		}
+	}
 	return &EnhancedMessage{
-		Message: Message{Topic: t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: stripDelay(em.Headers), Body: em.Body, DedupKey: key},
+		Message: Message{Topic: t.meta.Name, Key: em.Key, Tag: tag, Headers: h, Body: em.Body, DedupKey: key},
 		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
 	}
+}
+
+// hasDelayHeader reports whether h holds a level's own header other than
+// HeaderDeliverAt.
+func hasDelayHeader(h map[string]string) bool {
+	for k := range h {
+		if k != HeaderDeliverAt && isDelayHeader(k) {
+			return true
+		}
+	}
+	return false
 }
 
 // placeIn is place, or errDueNow when at is due by the clock read under
 // the level's write lock.
 func (d *delayer) placeIn(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
+	return d.placeAt(ctx, em, target, at, d.incarnation(target), wait)
+}
+
+// incarnation returns the incarnation of target's topic, for a message
+// placed now (a move down keeps the one it was placed with).
+func (d *delayer) incarnation(target QueueID) uint64 {
+	if t, ok := d.b.lookup(target.Topic); ok {
+		return t.meta.Incarnation
+	}
+	return 0
+}
+
+// placeAt is placeIn for a message bound for incarnation inc of its
+// target topic.
+func (d *delayer) placeAt(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, inc uint64, wait bool) (SendResult, error) {
 	if err := checkDueTime(at); err != nil {
 		return SendResult{}, err
 	}
@@ -254,7 +316,7 @@ func (d *delayer) placeIn(ctx context.Context, em *EnhancedMessage, target Queue
 			n = m // the clock moved on meanwhile
 			continue
 		}
-		w := d.delayedMessage(lv, em, target, at, now.Add(hop))
+		w := delayedMessage(lv, em, target, at, now.Add(hop), inc)
 		err = write(ctx, lv.queue, w, wait)
 		lv.wmu.Unlock()
 		if err != nil {
@@ -279,30 +341,41 @@ type delayed struct {
 // levels written before stay written (their results filled in).
 func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 	now := d.clock.Now()
-	var byLevel [delayLevels][]int
 	for _, m := range ms {
 		if err := checkDueTime(m.at); err != nil {
 			return err
 		}
 	}
+	// Each message's level, and the levels there are (most batches have
+	// one): messages are taken per level in their order.
+	levels := make([]uint8, len(ms))
+	var present uint32
 	for i, m := range ms {
 		n, _ := delayLevel(m.at.Sub(now))
-		byLevel[n] = append(byLevel[n], i)
+		levels[i] = uint8(n)
+		present |= 1 << n
 	}
-	for n, idx := range byLevel {
-		if len(idx) == 0 {
-			continue
-		}
+	var batch []*EnhancedMessage
+	var placed []int // the index in ms of each of batch's messages
+	var alone []int
+	var tags []byte // placed's tags, one after another
+	var ends []int  // where each of them ends in tags
+	for ; present != 0; present &= present - 1 {
+		n := bits.TrailingZeros32(present)
 		lv, err := d.level(ctx, n)
 		if err != nil {
 			return err
 		}
-		var alone []int
-		batch := make([]*EnhancedMessage, 0, len(idx))
+		batch, placed, alone, ends = batch[:0], placed[:0], alone[:0], ends[:0]
 		lv.wmu.Lock()
 		now := d.clock.Now()
-		for _, i := range idx {
-			m := ms[i]
+		// The level's messages come from one slab, their tags from one
+		// string (they move at about the same time, and go together).
+		tags = tags[:0]
+		for i, m := range ms {
+			if int(levels[i]) != n {
+				continue
+			}
 			k, hop := delayLevel(m.at.Sub(now))
 			if k != n || !m.at.After(now) {
 				// Its level changed, or it is due already (no level
@@ -311,20 +384,27 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 				alone = append(alone, i)
 				continue
 			}
-			batch = append(batch, d.delayedMessage(lv, m.em, m.target, m.at, now.Add(hop)))
+			tags = appendDelayTag(tags, m.em, m.target, m.at, now.Add(hop), d.incarnation(m.target))
+			ends = append(ends, len(tags))
+			placed = append(placed, i)
 		}
-		_, err = lv.queue.Write(ctx, batch)
+		if len(placed) > 0 {
+			slab := make([]EnhancedMessage, len(placed))
+			all := string(tags)
+			start := 0
+			for k, i := range placed {
+				fillDelayed(&slab[k], lv, ms[i].em, all[start:ends[k]])
+				start = ends[k]
+				batch = append(batch, &slab[k])
+			}
+			_, err = lv.queue.Write(ctx, batch)
+		}
 		lv.wmu.Unlock()
 		if err != nil {
 			return err
 		}
-		k := 0
-		for _, i := range idx {
-			if slices.Contains(alone, i) {
-				continue
-			}
+		for k, i := range placed {
 			w := batch[k]
-			k++
 			*ms[i].res = SendResult{ID: w.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: ms[i].at, Target: ms[i].target}
 		}
 		for _, i := range alone {
@@ -338,40 +418,78 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 	return nil
 }
 
-// delayedMessage returns em as level lv stores it: bound for target at at,
-// its hop ending at hop.
-func (d *delayer) delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time.Time) *EnhancedMessage {
-	h := make(map[string]string, len(em.Headers)+5)
-	maps.Copy(h, em.Headers)
-	if !IsDelayTopic(em.Topic) {
-		// Placed by a producer or a retry: bound for the target topic's
-		// incarnation now (a move down keeps the one it was placed with).
-		delete(h, headerDelayIncarnation)
-		if t, ok := d.b.lookup(target.Topic); ok && t.meta.Incarnation != 0 {
-			h[headerDelayIncarnation] = strconv.FormatUint(t.meta.Incarnation, 10)
+// delayedMessage returns em as level lv stores it: bound for target
+// (incarnation inc of its topic) at at, its hop ending at hop. It shares
+// em's headers (messages are not modified once sent), unless they are
+// those of a level's message of an earlier version.
+func delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) *EnhancedMessage {
+	var buf [128]byte
+	w := &EnhancedMessage{}
+	fillDelayed(w, lv, em, string(appendDelayTag(buf[:0], em, target, at, hop, inc)))
+	return w
+}
+
+// appendDelayTag appends to b the tag of em as a level stores it (see
+// delayedMessage).
+func appendDelayTag(b []byte, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) []byte {
+	b = strconv.AppendInt(b, at.UnixNano(), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, hop.UnixNano(), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, int64(target.Queue), 10)
+	b = append(b, ',')
+	b = strconv.AppendUint(b, inc, 10)
+	b = append(b, ',')
+	b = append(b, target.Topic...)
+	b = append(b, '|')
+	return append(b, em.Tag...)
+}
+
+// fillDelayed makes w em as level lv stores it, with the tag tag.
+func fillDelayed(w *EnhancedMessage, lv *level, em *EnhancedMessage, tag string) {
+	h := em.Headers
+	if hasDelayHeader(h) {
+		h = make(map[string]string, len(em.Headers))
+		for k, v := range em.Headers {
+			if !isDelayHeader(k) {
+				h[k] = v
+			}
 		}
 	}
-	h[HeaderDeliverAt] = strconv.FormatInt(at.UnixNano(), 10)
-	h[headerDelayTopic] = target.Topic
-	h[headerDelayQueue] = strconv.Itoa(target.Queue)
-	h[headerDelayHop] = strconv.FormatInt(hop.UnixNano(), 10)
-	return &EnhancedMessage{
-		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: em.Tag, Headers: h, Body: em.Body, DedupKey: em.DedupKey},
+	*w = EnhancedMessage{
+		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: tag, Headers: h, Body: em.Body, DedupKey: em.DedupKey},
 		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
 	}
 }
 
-// moveKey is the deduplication key of the move of a (a hop down a level,
-// or the delivery to its target): derived from where a's message waits,
-// so that a move replayed after a crash or a restart (its level's cursor
-// not committed yet) is not stored again where it went (see
-// [Deduplicator]; a store that does not deduplicate stores it again).
+// moveKey is the deduplication key of the moves of a (the hops down the
+// levels and the delivery to its target): the key a's message carries,
+// else one derived from where it waits. Every move of a message keeps
+// the key it got at its first, so that a move replayed after a crash or
+// a restart (its level's cursor not committed yet) is not stored again,
+// wherever it goes (see [Deduplicator]; a store that does not
+// deduplicate stores it again): the replay reads the clock anew and may
+// take the message to another level than the first time did, or, due
+// by then, straight to its target, and the two copies meet under one key
+// at the target at the latest. A message placed with a key of its own (a
+// retry's, derived from the position and attempt of the message it
+// retries) keeps that key: a retry written again after a crash (the
+// handler attempted again, the same attempt) takes another path through
+// the levels and still reaches the retry topic once.
 func moveKey(a *delayAction) string {
+	if a.msg.DedupKey != "" {
+		return a.msg.DedupKey
+	}
 	return "%move:" + a.lv.t.meta.Name + ":" + strconv.FormatInt(a.msg.Offset, 10)
 }
 
 // write writes one message to q; wait false uses TryWrite where q has it.
 func write(ctx context.Context, q Queue, m *EnhancedMessage, wait bool) error {
+	if mq, ok := q.(*MemoryQueue); ok { // the batch stays on the stack
+		one := [1]*EnhancedMessage{m}
+		_, err := mq.write(ctx, one[:], wait, time.Time{})
+		return err
+	}
 	one := []*EnhancedMessage{m}
 	if tw, ok := q.(TryWriter); ok && !wait {
 		_, err := tw.TryWrite(one)

@@ -417,3 +417,71 @@ func sendKeyedDelays(t *testing.T, p *ferry.Producer, start time.Time, n, keys i
 	}
 	return due
 }
+
+// A move replayed after a restart reads the clock anew, so it may take
+// another path than the first time: here the first move took the message
+// from level 7 down to level 6, the restart came before level 7's cursor
+// was committed (rewound below), and by then the message was due, so the
+// replay delivers it straight to its target while level 6's copy is
+// delivered too. Each move keeps the key of the first, so the target
+// stores the message once (before: twice, each copy under the key of the
+// level it came from).
+func TestDelayedReplayOnAnotherPath(t *testing.T) {
+	ctx := t.Context()
+	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	clock := ferrytest.NewFakeClock(start)
+	// A filestore: a memory level drops what moved once its cursor is
+	// committed, and so could not replay it.
+	dir := t.TempDir()
+	var s *filestore.Store
+	open := func() *ferry.Broker {
+		var err error
+		s, err = filestore.Open(dir)
+		require.NoError(t, err)
+		b, err := ferry.NewBroker(ferry.WithStorage(s), ferry.WithCursorStore(s), ferry.WithClock(clock))
+		require.NoError(t, err)
+		return b
+	}
+	levelHolds := func(b *ferry.Broker, n int) func() bool {
+		return func() bool {
+			q, err := b.Queue("%DELAY%"+strconv.Itoa(n), 0)
+			if err != nil {
+				return false
+			}
+			_, next := q.Offsets()
+			return next > 0
+		}
+	}
+	b := open()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "jobs", Queues: 1}))
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	due := start.Add(10 * time.Second) // level 7 (a hop of 6.4 s), then level 6
+	res, err := p.Send(ctx, &ferry.Message{Topic: "jobs", Body: []byte("x"), DeliverAt: due})
+	require.NoError(t, err)
+	require.Equal(t, "%DELAY%7", res.Queue.Topic)
+	runClock(t, clock, "the move down to level 6", levelHolds(b, 6), nil)
+	require.NoError(t, p.Close())
+	require.NoError(t, b.Close())
+	require.NoError(t, s.Commit(ctx, "%DELAY%7", "ferry-delay", 0, 0)) // as if killed before the commit
+	require.NoError(t, s.Close())
+
+	clock.Advance(due.Sub(clock.Now()) + time.Millisecond)
+	b = open()
+	defer func() { require.NoError(t, b.Close()); require.NoError(t, s.Close()) }()
+	moved := func() bool {
+		for _, n := range []int{6, 7} {
+			lag, err := b.Lag(ctx, "ferry-delay", "%DELAY%"+strconv.Itoa(n))
+			if err != nil || lag.Lag != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	// The new broker moves the levels it finds (discovery, each second).
+	ferrytest.WaitFor(t, 10*time.Second, "both levels moved", moved, nil)
+	q, err := b.Queue("jobs", 0)
+	require.NoError(t, err)
+	_, next := q.Offsets()
+	assert.Equal(t, int64(1), next, "the message stored once in its target")
+}

@@ -3,7 +3,6 @@ package ferry
 import (
 	"container/heap"
 	"errors"
-	"strconv"
 	"time"
 )
 
@@ -190,10 +189,10 @@ const retryAct = 10 * time.Millisecond
 // at: not a later reading, or it could jump the queue) or moves it down a
 // level, and says what it did.
 func (d *delayer) act(a *delayAction, now time.Time) int {
-	if a.deliverAt.After(now) { // down a level (its headers are set anew)
+	if a.deliverAt.After(now) { // down a level (its tag is made anew)
 		down := *a.msg
-		down.DedupKey = moveKey(a)
-		_, err := d.placeIn(d.ctx, &down, a.target, a.deliverAt, false)
+		down.Tag, down.DedupKey = a.tag, moveKey(a)
+		_, err := d.placeAt(d.ctx, &down, a.target, a.deliverAt, a.inc, false)
 		if errors.Is(err, errDueNow) {
 			// The clock passed its due time since now was read: it is
 			// delivered in its due time's turn, not written to a level
@@ -218,7 +217,7 @@ func (d *delayer) act(a *delayAction, now time.Time) int {
 		}
 		return d.failed(a, err)
 	}
-	if inc, _ := strconv.ParseUint(a.msg.Headers[headerDelayIncarnation], 10, 64); inc != 0 && t.meta.Incarnation != inc {
+	if inc := a.inc; inc != 0 && t.meta.Incarnation != inc {
 		// This broker's view of the topic may be behind: ask the storage.
 		if nt, err := d.b.refresh(d.ctx, t); err == nil {
 			t = nt
@@ -231,7 +230,7 @@ func (d *delayer) act(a *delayAction, now time.Time) int {
 		}
 	}
 	q := t.queues[a.target.Queue%len(t.queues)]
-	em := delivered(t, a.msg, moveKey(a))
+	em := delivered(t, a.msg, a.tag, moveKey(a), a.deliverAt)
 	if err := write(d.ctx, q, em, false); err != nil {
 		if errors.Is(err, ErrClosed) && d.ctx.Err() == nil {
 			// Deleted, or created again, through another broker: the

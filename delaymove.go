@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -213,14 +214,26 @@ func (d *delayer) readLoop(ctx context.Context, lv *level) {
 
 // parseDelayed reads a level's message.
 func parseDelayed(msg *EnhancedMessage) (*delayAction, error) {
-	at, err1 := strconv.ParseInt(msg.Headers[HeaderDeliverAt], 10, 64)
-	hop, err2 := strconv.ParseInt(msg.Headers[headerDelayHop], 10, 64)
-	q, err3 := strconv.Atoi(msg.Headers[headerDelayQueue])
-	topic := msg.Headers[headerDelayTopic]
-	if err := errors.Join(err1, err2, err3); err != nil || topic == "" || q < 0 {
-		return nil, fmt.Errorf("%w: delay headers: %v", ErrInvalidMessage, err)
+	var at, hop int64
+	var q int
+	var inc uint64
+	var topic, tag string
+	var err error
+	if _, old := msg.Headers[headerDelayHop]; old { // as an earlier version stored it
+		var err1, err2, err3 error
+		at, err1 = strconv.ParseInt(msg.Headers[HeaderDeliverAt], 10, 64)
+		hop, err2 = strconv.ParseInt(msg.Headers[headerDelayHop], 10, 64)
+		q, err3 = strconv.Atoi(msg.Headers[headerDelayQueue])
+		inc, _ = strconv.ParseUint(msg.Headers[headerDelayIncarnation], 10, 64) // none: 0
+		topic, tag = msg.Headers[headerDelayTopic], msg.Tag
+		err = errors.Join(err1, err2, err3)
+	} else {
+		at, hop, q, inc, topic, tag, err = parseDelayTag(msg.Tag)
 	}
-	a := &delayAction{deliverAt: time.Unix(0, at), hop: time.Unix(0, hop), target: QueueID{Topic: topic, Queue: q}, msg: msg}
+	if err != nil || topic == "" || q < 0 {
+		return nil, fmt.Errorf("%w: delay tag: %v", ErrInvalidMessage, err)
+	}
+	a := &delayAction{deliverAt: time.Unix(0, at), hop: time.Unix(0, hop), target: QueueID{Topic: topic, Queue: q}, inc: inc, tag: tag, msg: msg}
 	// With less than two windows left after its hop, it is delivered when
 	// due; else it moves down when its hop ends.
 	if a.deliverAt.Sub(a.hop) < 2*delayWindow {
@@ -229,6 +242,25 @@ func parseDelayed(msg *EnhancedMessage) (*delayAction, error) {
 		a.at = a.hop
 	}
 	return a, nil
+}
+
+// parseDelayTag reads the tag of a level's message (see delayedMessage).
+func parseDelayTag(v string) (at, hop int64, q int, inc uint64, topic, tag string, err error) {
+	v, tag, ok := strings.Cut(v, "|")
+	if !ok {
+		return 0, 0, 0, 0, "", "", errors.New("no '|'")
+	}
+	f := func() string {
+		s, rest, _ := strings.Cut(v, ",")
+		v = rest
+		return s
+	}
+	var err1, err2, err3, err4 error
+	at, err1 = strconv.ParseInt(f(), 10, 64)
+	hop, err2 = strconv.ParseInt(f(), 10, 64)
+	q, err3 = strconv.Atoi(f())
+	inc, err4 = strconv.ParseUint(f(), 10, 64)
+	return at, hop, q, inc, v, tag, errors.Join(err1, err2, err3, err4)
 }
 
 // sleep waits w on the delayer's clock; false if ctx ended first.
@@ -334,20 +366,6 @@ func (d *delayer) commit(lv *level) {
 	if r, ok := lv.queue.(Releaser); ok {
 		r.Release(off)
 	}
-}
-
-// stripDelay returns h without the level's own headers (HeaderDeliverAt
-// stays).
-func stripDelay(h map[string]string) map[string]string {
-	out := make(map[string]string, len(h))
-	for k, v := range h {
-		switch k {
-		case headerDelayTopic, headerDelayQueue, headerDelayHop, headerDelayIncarnation:
-			continue
-		}
-		out[k] = v
-	}
-	return out
 }
 
 type actionHeap []*delayAction
