@@ -11,13 +11,17 @@ import (
 	"time"
 )
 
+// Idle is how long Run waits for a child's next line before it kills it.
+var Idle = 2 * time.Minute
+
 // Run starts the running test binary with no test selected and env added
 // to its environment: the child's TestMain sees its variable and does the
 // work, writing a line to stdout per step. The child's stdin stays open
 // while it runs, so a child that reads it ends with its parent. Run kills
-// the child once it has written after lines (at once when after is 0), or
-// when it stops writing, and returns the lines it wrote, its stderr and
-// when it was killed.
+// the child once it has written after lines (at once when after is 0),
+// or when it has written nothing for Idle (a hung child: the caller sees
+// fewer lines than it asked for), and returns the lines it wrote, its
+// stderr and when it was killed.
 func Run(env []string, after int) (lines []string, stderr string, killed time.Time, err error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), env...)
@@ -36,12 +40,17 @@ func Run(env []string, after int) (lines []string, stderr string, killed time.Ti
 		return nil, "", time.Time{}, err
 	}
 	reached := make(chan struct{})
+	wrote := make(chan struct{}, 1)
 	out := make(chan []string, 1)
 	go func() {
 		var got []string
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			got = append(got, sc.Text())
+			select {
+			case wrote <- struct{}{}:
+			default:
+			}
 			if len(got) == after {
 				close(reached)
 			}
@@ -52,7 +61,19 @@ func Run(env []string, after int) (lines []string, stderr string, killed time.Ti
 		out <- got
 	}()
 	if after > 0 {
-		<-reached
+		idle := time.NewTimer(Idle)
+	wait:
+		for {
+			select {
+			case <-reached:
+				break wait
+			case <-wrote:
+				idle.Reset(Idle)
+			case <-idle.C:
+				break wait // hung: killed with what it wrote
+			}
+		}
+		idle.Stop()
 	}
 	err = cmd.Process.Kill()
 	killed = time.Now()
