@@ -495,10 +495,10 @@ func (d *deliverer) failure(r *queueRun, msg *EnhancedMessage, attempt int, err 
 		r.buf.abandon(msg)
 		return false
 	}
-	d.retried.Add(1)
 	if m.offQueue() {
-		return d.retryOff(r, msg, attempt, err, 1, MessageID{})
+		return d.retryOff(r, msg, attempt, err, 1, MessageID{}) // counts it once written
 	}
+	d.retried.Add(1)
 	d.schedule(&retryItem{r: r, msg: msg, attempt: attempt + 1, due: time.Now().Add(d.retryWait(err, attempt))})
 	return false
 }

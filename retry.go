@@ -158,6 +158,7 @@ func (d *deliverer) retryOff(r *queueRun, msg *EnhancedMessage, attempt int, cau
 			due: time.Now().Add(backoff(m.cfg.backoff, m.cfg.maxBackoff, try))})
 		return false
 	}
+	d.retried.Add(1) // counted once written: one given back to the next owner is not a retry
 	return true
 }
 
