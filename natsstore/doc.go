@@ -32,10 +32,12 @@
 //     [ferry.Producer.SendAsync] keeps several batches of a queue in
 //     flight on the connection, stored and reported in the order sent.
 //     Reads are direct batch gets. A Read that got a full batch with more
-//     behind it starts a read-ahead: the next batches are asked for
-//     before anyone reads them (two asks in flight), and the next Reads
-//     are served what came while it is fresh and surely still retained
-//     (readahead.go). While readers wait at a
+//     behind it starts a backlog reader: an ordered consumer of the
+//     stream from the next offset, whose pushes (flow-controlled, up to
+//     2048 messages ahead) serve the next Reads while they are fresh and
+//     surely still retained (backlog.go); a seek far away stops it, and
+//     where it cannot serve, the Reads get, reading ahead (two asks in
+//     flight, readahead.go). While readers wait at a
 //     queue's end, an ordered consumer of its stream (the tail) is pushed
 //     each new message and hands it to the reader it wakes, with no get;
 //     it stops 10 s after the last reader waited, so a process that only

@@ -54,3 +54,7 @@ func RenewUnseen(ctx context.Context, s ferry.Session, queue int) error {
 
 // StreamOf names the stream of q (a queue of this package).
 func StreamOf(q ferry.Queue) string { return q.(*queue).stream }
+
+// BacklogServed is how many messages Reads of q (a queue of this
+// package) were served by a backlog reader (backlog.go).
+func BacklogServed(q ferry.Queue) int64 { return q.(*queue).blServed.Load() }

@@ -47,6 +47,7 @@ type queue struct {
 
 	tailWant chan struct{}      // a Read waits at the end (1-buffered)
 	waited   atomic.Int64       // unix ns of the last Read that waited at the end
+	blServed atomic.Int64       // messages Reads were served by a backlog reader (a test hook)
 	relSub   *nats.Subscription // Block: wakes writers when released
 	relWake  chan struct{}      // Block: a release happened (1-buffered)
 	purgeReq chan struct{}      // Block: purge up to released (1-buffered)
@@ -59,7 +60,9 @@ type queue struct {
 	tail     []tailEntry // the tail's latest messages, by sequence (tail.go)
 	tailGen  uint64      // the tail's generation: pushes of another are not kept
 	ahead    []*ahead    // the read-ahead's asks, by offset (readahead.go)
-	noAhead  bool        // Close began: no more asks
+	bl       *backlog    // the backlog reader (backlog.go); nil: none
+	blFailed time.Time   // when a backlog reader last failed
+	noAhead  bool        // Close began: no more asks, no backlog reader
 	aheadWG  sync.WaitGroup
 
 	// Asynchronous writes (write_async.go). amu guards the fields below;
@@ -319,13 +322,18 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 			if n := q.fromTail(offset, dst); n > 0 {
 				return n, nil
 			}
+			if n := q.fromBacklog(ctx, offset, dst); n > 0 {
+				return n, nil
+			}
 			if n := q.fromAhead(ctx, offset, dst); n > 0 {
 				return n, nil
 			}
 			n, err := q.get(ctx, offset, dst)
-			if err == nil && n == min(len(dst), readBatch) { // a backlog, maybe: read ahead
+			if err == nil && n == min(len(dst), readBatch) && offset+int64(n) < next {
+				// A backlog: a backlog reader is pushed it, or (when one
+				// cannot run) the queue reads ahead.
 				q.mu.Lock()
-				if len(q.ahead) == 0 {
+				if !q.startBacklogLocked(offset+int64(n)) && len(q.ahead) == 0 {
 					q.startAheadLocked(offset + int64(n))
 					q.topUpLocked()
 				}
@@ -369,7 +377,9 @@ func (q *queue) Read(ctx context.Context, offset int64, dst []*ferry.EnhancedMes
 		// when heartbeats stop, and its recreation can fail while no
 		// leader is elected) ask the leader every idleRefresh too.
 		q.waited.Store(time.Now().UnixNano())
-		signal(q.tailWant)
+		if !q.backlogLive() { // a backlog reader is pushed what is written
+			signal(q.tailWant)
+		}
 		poll := time.NewTimer(idleRefresh)
 		select {
 		case <-wake:
@@ -779,6 +789,7 @@ func (q *queue) Close() error {
 		q.mu.Lock()
 		q.noAhead = true
 		q.ahead = nil
+		q.stopBacklogLocked()
 		q.mu.Unlock()
 		q.aheadWG.Wait()
 		q.amu.Lock()

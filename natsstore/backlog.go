@@ -1,0 +1,344 @@
+package natsstore
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The backlog reader: a Read of a backlog is a direct batch get, a round
+// trip whose every message the server answers with six headers of its
+// own, and a consumer reads one batch at a time; the read-ahead
+// (readahead.go) overlaps the round trips, but a drain still ran at
+// 0.16-0.47 × a raw pull consumer (issue 30, item 4), the time going in
+// the gets' headers (built by the server, parsed by the client) and in
+// waiting for them. So once a Read got a full batch from the server with
+// more known behind it, the queue starts an ordered consumer of its
+// stream at the next offset, which the server pushes the backlog to,
+// flow-controlled by its pull requests: a goroutine of the queue takes
+// each message, decodes it and keeps it, up to backlogKeep messages
+// (backlogBytes bytes) ahead of the Reads, waiting for them to take some
+// while it holds that many. A Read at the offset the backlog reader is at
+// (or a little past it) is served what it holds; a Read elsewhere (a
+// seek far away) stops it.
+//
+// A message it holds is served only while it is surely still in the
+// stream, by the read-ahead's rules (see goodAheadLocked): pushed less
+// than tailFresh ago (and a quarter of MaxAge), at or above the oldest
+// offset known, within MaxMessages of the end known (each push tells
+// the end: the consumer's pending count), and on a queue with a byte
+// limit, no write seen since it was pushed. When a rule fails, the Read
+// asks the stream's leader for its first sequence: a message at or above
+// it is there (retention cuts only below it), and what the reader holds
+// is good again from then on; one below it (a retention cut) stops the
+// reader and the Read asks the server as before, which tells
+// ErrOffsetOutOfRange. Where the reader cannot serve (it could not start,
+// the consumer ended, a gap in what it was pushed, nothing pushed within
+// backlogWait), a Read gets as before, with the read-ahead.
+//
+// The reader stops tailIdle after the last Read it served. At the end of
+// the queue it is pushed each new message, as the tail is, so the Reads
+// waiting there while it runs need no tail.
+
+const (
+	backlogKeep  = 2048                  // the most messages the reader holds ahead of the Reads
+	backlogBytes = 8 << 20               // and bytes (one message may exceed it)
+	backlogPull  = 512                   // the messages one pull request of its consumer asks for
+	backlogWait  = 50 * time.Millisecond // how long a Read waits for the reader to be pushed what it reads
+	backlogRetry = time.Second           // after a reader failed, Reads read ahead by gets for this long
+)
+
+// backlog is a running backlog reader; the queue's mu guards its fields
+// but cancel.
+type backlog struct {
+	head   int64              // the offset of buf[0] (where the Reads are)
+	buf    []backlogEntry     // from head on, contiguous
+	bytes  int                // the bodies' bytes in buf
+	got    chan struct{}      // closed and replaced when buf grows or the reader ends
+	room   chan struct{}      // the Reads took some (1-buffered)
+	ended  bool               // the reader ended: it holds what it holds, no more
+	failed bool               // it ended for a failure (not a stop)
+	cancel context.CancelFunc // stops the reader
+	idle   *time.Timer        // stops it tailIdle after the last Read it served
+}
+
+// backlogEntry is one message the reader was pushed, decoded.
+type backlogEntry struct {
+	m    *ferry.EnhancedMessage
+	at   time.Time // when it was pushed, or last known to be in the stream
+	next int64     // the end known then
+	size int
+}
+
+// startBacklogLocked starts a backlog reader at offset from, unless one
+// runs, one failed within backlogRetry, or Close began; it reports
+// whether one runs. q.mu is held.
+func (q *queue) startBacklogLocked(from int64) bool {
+	if q.bl != nil {
+		return true
+	}
+	if q.noAhead || time.Since(q.blFailed) < backlogRetry {
+		return false
+	}
+	ctx, cancel := context.WithCancel(q.ctx)
+	b := &backlog{head: from, got: make(chan struct{}), room: make(chan struct{}, 1), cancel: cancel}
+	b.idle = time.AfterFunc(tailIdle, cancel) // each Read it serves puts it off
+	q.bl = b
+	q.dropAheadLocked()
+	q.aheadWG.Go(func() { q.runBacklog(ctx, b, from) })
+	return true
+}
+
+// stopBacklogLocked stops the backlog reader, if one runs; q.mu is held.
+func (q *queue) stopBacklogLocked() {
+	if q.bl != nil {
+		q.bl.cancel()
+		q.bl = nil
+	}
+}
+
+// endBacklogLocked marks b ended (failed or not) and wakes the Reads
+// waiting on it; q.mu is held.
+func (q *queue) endBacklogLocked(b *backlog, failed bool) {
+	if b.ended {
+		return
+	}
+	b.ended, b.failed = true, failed
+	if failed {
+		q.blFailed = time.Now()
+	}
+	close(b.got)
+}
+
+// runBacklog is the backlog reader's goroutine: it runs an ordered
+// consumer from offset from on until ctx ends (a stop, Close, idleness),
+// the consumer fails, or it is pushed a message past a gap.
+func (q *queue) runBacklog(ctx context.Context, b *backlog, from int64) {
+	defer b.idle.Stop()
+	defer b.cancel()
+	var broke atomic.Bool // a push the reader cannot keep (a gap, say)
+	failed := true
+	defer func() {
+		q.mu.Lock()
+		q.endBacklogLocked(b, failed)
+		if q.bl == b && len(b.buf) == 0 {
+			q.bl = nil
+		}
+		q.mu.Unlock()
+	}()
+	sctx, scancel := context.WithTimeout(ctx, q.s.cfg.opTimeout)
+	cons, err := q.s.js.OrderedConsumer(sctx, q.stream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   uint64(from) + 1,
+	})
+	scancel()
+	if err != nil {
+		failed = ctx.Err() == nil
+		return
+	}
+	// The handler waits while the reader holds backlogKeep messages: the
+	// consumer asks for no more meanwhile (flow control by its pulls).
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if !q.keepPushed(ctx, b, m) && ctx.Err() == nil {
+			broke.Store(true)
+			b.cancel()
+		}
+	}, jetstream.PullMaxMessagesWithBytesLimit(backlogPull, max(backlogBytes, 2*int(q.s.js.Conn().MaxPayload()))))
+	if err != nil {
+		failed = ctx.Err() == nil
+		return
+	}
+	closed := cc.Closed()
+	select {
+	case <-ctx.Done(): // a stop, idleness, Close, or a push it cannot keep
+		failed = broke.Load()
+	case <-closed: // the consumer ended
+	}
+	cc.Stop()
+	<-closed
+}
+
+// keepPushed decodes msg and keeps it in b, first waiting while b holds
+// backlogKeep messages (or backlogBytes); false ends the reader: ctx
+// ended, or msg is past a gap (a retention cut) or undecodable.
+func (q *queue) keepPushed(ctx context.Context, b *backlog, msg jetstream.Msg) bool {
+	md, err := msg.Metadata()
+	if err != nil {
+		return false
+	}
+	off := int64(md.Sequence.Stream) - 1
+	m, _, err := codec.Decode(msg.Data())
+	if err != nil {
+		return false // a get tells
+	}
+	m.Queue, m.Offset = q.id.Queue, off
+	size := len(msg.Data())
+	for {
+		if ctx.Err() != nil {
+			return false
+		}
+		q.mu.Lock()
+		q.advanceLocked(off + 1 + int64(md.NumPending))
+		want := b.head + int64(len(b.buf))
+		switch {
+		case b.ended:
+			q.mu.Unlock()
+			return false
+		case off < want:
+			q.mu.Unlock()
+			return true // the Reads are past it
+		case off > want:
+			q.mu.Unlock()
+			return false // a gap: gone, a get tells
+		case len(b.buf) < backlogKeep && (b.bytes+size <= backlogBytes || len(b.buf) == 0):
+			b.buf = append(b.buf, backlogEntry{m: m, at: time.Now(), next: q.next, size: size})
+			b.bytes += size
+			close(b.got)
+			b.got = make(chan struct{})
+			q.mu.Unlock()
+			return true
+		}
+		q.mu.Unlock()
+		select {
+		case <-b.room:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// fromBacklog serves a Read at offset from what the backlog reader holds:
+// 0 if there is none to serve (the Read gets). It waits up to
+// backlogWait for the reader to be pushed offset; the caller knows
+// offset is below the end.
+func (q *queue) fromBacklog(ctx context.Context, offset int64, dst []*ferry.EnhancedMessage) int {
+	waited, checked := false, false
+	for {
+		q.mu.Lock()
+		b := q.bl
+		switch {
+		case b == nil:
+			q.mu.Unlock()
+			return 0
+		case offset < b.head || offset > b.head+int64(len(b.buf))+backlogKeep: // a seek
+			q.stopBacklogLocked()
+			q.mu.Unlock()
+			return 0
+		}
+		b.idle.Reset(tailIdle)
+		q.trimBacklogLocked(b, offset)
+		if len(b.buf) > 0 {
+			if !q.pushedGoodLocked(&b.buf[0]) {
+				q.mu.Unlock()
+				if checked || !q.recheckBacklog(ctx, b, offset) {
+					return 0
+				}
+				checked = true
+				continue
+			}
+			n := min(len(dst), readBatch, len(b.buf))
+			for i := range n {
+				dst[i] = b.buf[i].m
+				b.bytes -= b.buf[i].size
+			}
+			clear(b.buf[:n])
+			b.buf = b.buf[n:]
+			if len(b.buf) == 0 {
+				b.buf = b.buf[:0:0] // let the array go; append makes another
+			}
+			b.head += int64(n)
+			signal(b.room)
+			q.mu.Unlock()
+			q.blServed.Add(int64(n))
+			return n
+		}
+		if b.ended {
+			if q.bl == b {
+				q.bl = nil
+			}
+			q.mu.Unlock()
+			return 0
+		}
+		got := b.got
+		q.mu.Unlock()
+		if waited {
+			return 0
+		}
+		waited = true
+		t := time.NewTimer(backlogWait)
+		select {
+		case <-got:
+		case <-t.C:
+		case <-ctx.Done():
+		case <-q.done:
+		}
+		t.Stop()
+	}
+}
+
+// trimBacklogLocked drops what b holds below offset, for a Read at
+// offset (at or past b's head); q.mu is held.
+func (q *queue) trimBacklogLocked(b *backlog, offset int64) {
+	k := int(min(offset-b.head, int64(len(b.buf))))
+	for i := range k {
+		b.bytes -= b.buf[i].size
+	}
+	clear(b.buf[:k])
+	b.buf = b.buf[k:]
+	b.head = offset
+	if k > 0 {
+		signal(b.room)
+	}
+}
+
+// pushedGoodLocked reports whether e is surely still in the stream (see
+// the top of this file); q.mu is held.
+func (q *queue) pushedGoodLocked(e *backlogEntry) bool {
+	fresh := tailFresh
+	if age := q.meta.Retention.MaxAge; age > 0 {
+		fresh = min(fresh, age/4)
+	}
+	off := e.m.Offset
+	switch {
+	case time.Since(e.at) > fresh, off < q.oldest:
+		return false
+	case q.sc.MaxMsgs > 0 && off < q.next-q.sc.MaxMsgs:
+		return false
+	case q.sc.MaxBytes > 0 && q.next != e.next:
+		return false
+	}
+	return true
+}
+
+// recheckBacklog asks the stream's leader for its first sequence, for a
+// Read at offset that b holds but may be gone: if offset is still there,
+// what b holds is good as of now (true); if not, or the server does not
+// answer, the reader stops.
+func (q *queue) recheckBacklog(ctx context.Context, b *backlog, offset int64) bool {
+	err := q.boundedRefresh(ctx)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err != nil || offset < q.oldest || q.bl != b || b.head != offset {
+		if q.bl == b {
+			q.stopBacklogLocked()
+		}
+		return false
+	}
+	now := time.Now()
+	for i := range b.buf {
+		b.buf[i].at, b.buf[i].next = now, q.next
+	}
+	return true
+}
+
+// backlogLive reports whether a backlog reader runs (Reads at the end
+// are woken by its pushes).
+func (q *queue) backlogLive() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.bl != nil && !q.bl.ended
+}
