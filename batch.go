@@ -218,9 +218,13 @@ func (d *deliverer) callBatch(dctx *deliveryCtx, msgs []*EnhancedMessage) (err e
 // are handed over again then. r.buf's lock is held (see ordered).
 func (d *deliverer) orderedBatches(dctx *deliveryCtx, r *queueRun) {
 	w := make([]*EnhancedMessage, d.bh.max)
+	lingering := false
 	for range 8 {
-		if !r.admitTake() || d.lingers(r) {
+		if !r.admitTake() {
 			break
+		}
+		if lingering = d.lingers(r); lingering {
+			break // the linger's timer lists r again
 		}
 		n, _ := r.buf.Take(w)
 		if n == 0 {
@@ -233,7 +237,7 @@ func (d *deliverer) orderedBatches(dctx *deliveryCtx, r *queueRun) {
 	}
 	r.buf.Unlock()
 	dctx.flush(d)
-	if r.buf.Pending() > 0 {
+	if !lingering && r.buf.Pending() > 0 {
 		d.m.sched.push(r)
 	}
 }
