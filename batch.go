@@ -172,16 +172,23 @@ func (d *deliverer) callBatch(dctx *deliveryCtx, msgs []*EnhancedMessage) (err e
 	for i, msg := range msgs {
 		views[i] = d.view(msg)
 	}
+	// Each message goes through the hooks from the call's context (a
+	// span each, say); the handler gets the first message's.
 	ctx := context.Context(hc)
 	hs := d.m.hooks
-	if hs != nil {
-		for _, h := range hs.handle {
-			for _, v := range views {
-				if c := h.OnHandle(ctx, v); c != nil {
-					ctx = c
+	var ctxs []context.Context
+	if hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
+		ctxs = make([]context.Context, len(views))
+		for i, v := range views {
+			c := context.Context(hc)
+			for _, h := range hs.handle {
+				if hc2 := h.OnHandle(c, v); hc2 != nil {
+					c = hc2
 				}
 			}
+			ctxs[i] = c
 		}
+		ctx = ctxs[0]
 	}
 	if limit := d.m.cfg.handlerTimeout; limit > 0 {
 		tc := newTimedCtx(ctx, limit)
@@ -199,11 +206,11 @@ func (d *deliverer) callBatch(dctx *deliveryCtx, msgs []*EnhancedMessage) (err e
 			d.m.b.log.Error("ferry: handler panic", "group", d.m.group, "queue", msgs[0].QueueID().String(),
 				"offset", msgs[0].Offset, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		}
-		if hs != nil {
+		if ctxs != nil {
 			took := time.Since(start)
 			for i, v := range views {
 				for _, h := range hs.handled {
-					h.OnHandled(ctx, v, took, batchErrOf(err, i))
+					h.OnHandled(ctxs[i], v, took, batchErrOf(err, i))
 				}
 			}
 		}

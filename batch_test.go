@@ -182,3 +182,61 @@ func TestBatchLinger(t *testing.T) {
 		})
 	}
 }
+
+// spanHook marks each message's handling context and checks that
+// OnHandled gets that message's own.
+type spanHook struct {
+	mu      sync.Mutex
+	begun   map[int64]bool
+	matched int
+	wrong   int
+}
+
+type batchSpanKey struct{}
+
+func (h *spanHook) OnHandle(ctx context.Context, m *ferry.EnhancedMessage) context.Context {
+	h.mu.Lock()
+	h.begun[m.Offset] = true
+	h.mu.Unlock()
+	return context.WithValue(ctx, batchSpanKey{}, m.Offset)
+}
+
+func (h *spanHook) OnHandled(ctx context.Context, m *ferry.EnhancedMessage, _ time.Duration, _ error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if off, ok := ctx.Value(batchSpanKey{}).(int64); ok && off == m.Offset {
+		h.matched++
+	} else {
+		h.wrong++
+	}
+}
+
+// TestBatchHooks: a batch call runs each message through the handling
+// hooks with a context of its own (a tracing span each), and OnHandled
+// gets that message's context back.
+func TestBatchHooks(t *testing.T) {
+	hook := &spanHook{begun: map[int64]bool{}}
+	b := newTopic(t, 1)
+	p := newProducer(t, b)
+	msgs := make([]*ferry.Message, 20)
+	for i := range msgs {
+		msgs[i] = &ferry.Message{Topic: "t", Body: []byte("m")}
+	}
+	_, err := p.SendBatch(t.Context(), msgs)
+	require.NoError(t, err)
+	h := ferry.Batch(ferry.BatchHandlerFunc(func(context.Context, []*ferry.EnhancedMessage) error { return nil }), 8)
+	c, err := b.NewConsumer("g", "t", h, ferry.WithStartFrom(ferry.Earliest), ferry.WithConsumerHooks(hook))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(t.Context()))
+	defer c.Close()
+	ferrytest.WaitFor(t, 10*time.Second, "every message through the hooks", func() bool {
+		hook.mu.Lock()
+		defer hook.mu.Unlock()
+		return hook.matched+hook.wrong == 20
+	}, nil)
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	assert.Len(t, hook.begun, 20)
+	assert.Equal(t, 20, hook.matched)
+	assert.Zero(t, hook.wrong, "OnHandled got another message's context")
+}
