@@ -43,6 +43,23 @@ func TestAskCreateBounds(t *testing.T) {
 		require.Equal(t, 1, calls, "tries of a create answered %v", want)
 	}
 
+	// No peers for placement (a cluster just started): asked again
+	// beyond createTries, until the op timeout.
+	noPeers := &jetstream.APIError{Code: 400, ErrorCode: 10005, Description: "no suitable peers for placement, peer offline"}
+	calls = 0
+	v, err = askCreate(ctx, config{opTimeout: 10 * time.Second}, func(context.Context) (int, error) {
+		calls++
+		if calls < createTries+3 {
+			return 0, noPeers
+		}
+		return 9, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 9, v)
+	calls = 0
+	_, err = askCreate(ctx, config{opTimeout: 300 * time.Millisecond}, func(context.Context) (int, error) { calls++; return 0, noPeers })
+	require.ErrorIs(t, err, noPeers, "refused until the op timeout: its answer")
+
 	cctx, cancel := context.WithCancel(ctx)
 	calls = 0
 	_, err = askCreate(cctx, cfg, func(context.Context) (int, error) { calls++; cancel(); return 0, refused })

@@ -61,14 +61,20 @@ func ask[T any](ctx context.Context, cfg config, f func(context.Context) (T, err
 // finds no parent ("could not create storage directory - mkdir
 // …/jetstream/$G/streams: no such file or directory"). So a user who
 // deletes their last topic and creates another can be refused once;
-// the create asked again makes the directories anew.
+// the create asked again makes the directories anew. A create refused
+// with 10005, "no suitable peers for placement", is asked again until
+// the op timeout (backoff at most placementBackoff): a cluster just
+// started, or a server just restarted, has peers the meta leader does not
+// count as online yet (TestNodeFailure's first create was refused so
+// once, 1.3 s after the cluster came up).
 func askCreate[T any](ctx context.Context, cfg config, f func(context.Context) (T, error)) (T, error) {
 	ctx, cancel := cfg.bound(ctx)
 	defer cancel()
 	backoff := createBackoff
 	for try := 1; ; try++ {
 		v, err := ask(ctx, cfg, f)
-		if err == nil || !storeRefused(err) || try == createTries || ctx.Err() != nil {
+		again := storeRefused(err) && try < createTries || placementRefused(err)
+		if err == nil || !again || ctx.Err() != nil {
 			return v, err
 		}
 		select {
@@ -76,8 +82,19 @@ func askCreate[T any](ctx context.Context, cfg config, f func(context.Context) (
 		case <-ctx.Done():
 			return v, err
 		}
-		backoff *= 2
+		backoff = min(2*backoff, placementBackoff)
 	}
+}
+
+// placementBackoff caps askCreate's wait between tries of a create
+// refused for want of peers.
+const placementBackoff = 250 * time.Millisecond
+
+// placementRefused: a create the server refused because too few peers
+// are online for its replicas (JSClusterNoPeersErrF).
+func placementRefused(err error) bool {
+	code, _ := apiCode(err)
+	return code == 10005
 }
 
 // createTries and createBackoff bound [askCreate]'s tries: the server's
