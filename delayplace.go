@@ -1,0 +1,301 @@
+package ferry
+
+import (
+	"context"
+	"errors"
+	"math/bits"
+	"strconv"
+	"time"
+)
+
+// Placing a delayed message in its level, and the level message's form.
+
+// place writes em, stamped and routed to target, to the delay level for
+// a delivery at at. wait false: a full level queue is ErrQueueFull.
+func (d *delayer) place(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
+	res, err := d.placeIn(ctx, em, target, at, wait)
+	if errors.Is(err, errDueNow) {
+		return d.deliverNow(ctx, em, target, at, wait)
+	}
+	return res, err
+}
+
+// errDueNow is placeIn's when at is due by the clock read under the
+// level's lock: no level may hold a message that is due already (its
+// level's front would not bound it, and the dispatcher could deliver a
+// later one first).
+var errDueNow = errors.New("due already")
+
+// deliverNow writes em, due already, to its target.
+func (d *delayer) deliverNow(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
+	t, err := d.b.topic(target.Topic)
+	if err != nil {
+		return SendResult{}, err
+	}
+	q := t.queues[target.Queue%len(t.queues)]
+	w := delivered(t, em, em.Tag, em.DedupKey, time.Time{})
+	if err := write(ctx, q, w, wait); err != nil {
+		return SendResult{}, err
+	}
+	id := QueueID{Topic: t.meta.Name, Queue: target.Queue % len(t.queues)}
+	return SendResult{ID: w.ID, Queue: id, Offset: w.Offset, DeliverAt: at, Target: id}, nil
+}
+
+// delivered returns em as it goes to its target topic t, with the tag
+// tag and the deduplication key key: without the headers of a level's
+// message of an earlier version and, unless due is zero, with its due
+// time in HeaderDeliverAt.
+func delivered(t *topicState, em *EnhancedMessage, tag, key string, due time.Time) *EnhancedMessage {
+	h := em.Headers
+	if !due.IsZero() || hasDelayHeader(h) {
+		h = make(map[string]string, len(em.Headers)+1)
+		for k, v := range em.Headers {
+			if !isDelayHeader(k) || k == HeaderDeliverAt && due.IsZero() {
+				h[k] = v
+			}
+		}
+		if !due.IsZero() {
+			h[HeaderDeliverAt] = strconv.FormatInt(due.UnixNano(), 10)
+		}
+	}
+	return &EnhancedMessage{
+		Message: Message{Topic: t.meta.Name, Key: em.Key, Tag: tag, Headers: h, Body: em.Body, DedupKey: key},
+		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
+	}
+}
+
+// hasDelayHeader reports whether h holds a level's own header other than
+// HeaderDeliverAt.
+func hasDelayHeader(h map[string]string) bool {
+	for k := range h {
+		if k != HeaderDeliverAt && isDelayHeader(k) {
+			return true
+		}
+	}
+	return false
+}
+
+// placeIn is place, or errDueNow when at is due by the clock read under
+// the level's write lock.
+func (d *delayer) placeIn(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
+	return d.placeAt(ctx, em, target, at, d.incarnation(target), wait)
+}
+
+// incarnation returns the incarnation of target's topic, for a message
+// placed now (a move down keeps the one it was placed with).
+func (d *delayer) incarnation(target QueueID) uint64 {
+	if t, ok := d.b.lookup(target.Topic); ok {
+		return t.meta.Incarnation
+	}
+	return 0
+}
+
+// placeAt is placeIn for a message bound for incarnation inc of its
+// target topic.
+func (d *delayer) placeAt(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, inc uint64, wait bool) (SendResult, error) {
+	if err := checkDueTime(at); err != nil {
+		return SendResult{}, err
+	}
+	n, _ := delayLevel(at.Sub(d.clock.Now()))
+	for {
+		lv, err := d.level(ctx, n)
+		if err != nil {
+			return SendResult{}, err
+		}
+		// The level and the hop come from a clock reading under the
+		// level's write lock, so that the level's messages are in the
+		// order of their hops.
+		lv.wmu.Lock()
+		now := d.clock.Now()
+		if !at.After(now) {
+			lv.wmu.Unlock()
+			return SendResult{}, errDueNow
+		}
+		m, hop := delayLevel(at.Sub(now))
+		if m != n {
+			lv.wmu.Unlock()
+			n = m // the clock moved on meanwhile
+			continue
+		}
+		w := delayedMessage(lv, em, target, at, now.Add(hop), inc)
+		err = write(ctx, lv.queue, w, wait)
+		lv.wmu.Unlock()
+		if err != nil {
+			return SendResult{}, err
+		}
+		return SendResult{ID: em.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: at, Target: target}, nil
+	}
+}
+
+// delayed is a message for placeBatch: stamped, routed to target, due at
+// at; res is filled in once it is written.
+type delayed struct {
+	em     *EnhancedMessage
+	target QueueID
+	at     time.Time
+	res    *SendResult
+}
+
+// placeBatch is place for several messages, with one write per level
+// (in their order within it); a message whose level changes between the
+// two clock readings is placed alone. On error, the messages of the
+// levels written before stay written (their results filled in).
+func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
+	now := d.clock.Now()
+	for _, m := range ms {
+		if err := checkDueTime(m.at); err != nil {
+			return err
+		}
+	}
+	// Each message's level, and the levels there are (most batches have
+	// one): messages are taken per level in their order.
+	levels := make([]uint8, len(ms))
+	var present uint32
+	for i, m := range ms {
+		n, _ := delayLevel(m.at.Sub(now))
+		levels[i] = uint8(n)
+		present |= 1 << n
+	}
+	var batch []*EnhancedMessage
+	var placed []int // the index in ms of each of batch's messages
+	var alone []int
+	var tags []byte // placed's tags, one after another
+	var ends []int  // where each of them ends in tags
+	for ; present != 0; present &= present - 1 {
+		n := bits.TrailingZeros32(present)
+		lv, err := d.level(ctx, n)
+		if err != nil {
+			return err
+		}
+		batch, placed, alone, ends = batch[:0], placed[:0], alone[:0], ends[:0]
+		lv.wmu.Lock()
+		now := d.clock.Now()
+		// The level's messages come from one slab, their tags from one
+		// string (they move at about the same time, and go together).
+		tags = tags[:0]
+		for i, m := range ms {
+			if int(levels[i]) != n {
+				continue
+			}
+			k, hop := delayLevel(m.at.Sub(now))
+			if k != n || !m.at.After(now) {
+				// Its level changed, or it is due already (no level
+				// may hold a message due by the clock read under its
+				// lock, see errDueNow): placed alone.
+				alone = append(alone, i)
+				continue
+			}
+			tags = appendDelayTag(tags, m.em, m.target, m.at, now.Add(hop), d.incarnation(m.target))
+			ends = append(ends, len(tags))
+			placed = append(placed, i)
+		}
+		if len(placed) > 0 {
+			slab := make([]EnhancedMessage, len(placed))
+			all := string(tags)
+			start := 0
+			for k, i := range placed {
+				fillDelayed(&slab[k], lv, ms[i].em, all[start:ends[k]])
+				start = ends[k]
+				batch = append(batch, &slab[k])
+			}
+			_, err = lv.queue.Write(ctx, batch)
+		}
+		lv.wmu.Unlock()
+		if err != nil {
+			return err
+		}
+		for k, i := range placed {
+			w := batch[k]
+			*ms[i].res = SendResult{ID: w.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: ms[i].at, Target: ms[i].target}
+		}
+		for _, i := range alone {
+			res, err := d.place(ctx, ms[i].em, ms[i].target, ms[i].at, true)
+			if err != nil {
+				return err
+			}
+			*ms[i].res = res
+		}
+	}
+	return nil
+}
+
+// delayedMessage returns em as level lv stores it: bound for target
+// (incarnation inc of its topic) at at, its hop ending at hop. It shares
+// em's headers (messages are not modified once sent), unless they are
+// those of a level's message of an earlier version.
+func delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) *EnhancedMessage {
+	var buf [128]byte
+	w := &EnhancedMessage{}
+	fillDelayed(w, lv, em, string(appendDelayTag(buf[:0], em, target, at, hop, inc)))
+	return w
+}
+
+// appendDelayTag appends to b the tag of em as a level stores it (see
+// delayedMessage).
+func appendDelayTag(b []byte, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) []byte {
+	b = strconv.AppendInt(b, at.UnixNano(), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, hop.UnixNano(), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, int64(target.Queue), 10)
+	b = append(b, ',')
+	b = strconv.AppendUint(b, inc, 10)
+	b = append(b, ',')
+	b = append(b, target.Topic...)
+	b = append(b, '|')
+	return append(b, em.Tag...)
+}
+
+// fillDelayed makes w em as level lv stores it, with the tag tag.
+func fillDelayed(w *EnhancedMessage, lv *level, em *EnhancedMessage, tag string) {
+	h := em.Headers
+	if hasDelayHeader(h) {
+		h = make(map[string]string, len(em.Headers))
+		for k, v := range em.Headers {
+			if !isDelayHeader(k) {
+				h[k] = v
+			}
+		}
+	}
+	*w = EnhancedMessage{
+		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: tag, Headers: h, Body: em.Body, DedupKey: em.DedupKey},
+		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
+	}
+}
+
+// moveKey is the deduplication key of the moves of a (the hops down the
+// levels and the delivery to its target): the key a's message carries,
+// else one derived from where it waits. Every move of a message keeps
+// the key it got at its first, so that a move replayed after a crash or
+// a restart (its level's cursor not committed yet) is not stored again,
+// wherever it goes (see [Deduplicator]; a store that does not
+// deduplicate stores it again): the replay reads the clock anew and may
+// take the message to another level than the first time did, or, due
+// by then, straight to its target, and the two copies meet under one key
+// at the target at the latest. A message placed with a key of its own (a
+// retry's, derived from the position and attempt of the message it
+// retries) keeps that key: a retry written again after a crash (the
+// handler attempted again, the same attempt) takes another path through
+// the levels and still reaches the retry topic once.
+func moveKey(a *delayAction) string {
+	if a.msg.DedupKey != "" {
+		return a.msg.DedupKey
+	}
+	return "%move:" + a.lv.t.meta.Name + ":" + strconv.FormatInt(a.msg.Offset, 10)
+}
+
+// write writes one message to q; wait false uses TryWrite where q has it.
+func write(ctx context.Context, q Queue, m *EnhancedMessage, wait bool) error {
+	if mq, ok := q.(*MemoryQueue); ok { // the batch stays on the stack
+		one := [1]*EnhancedMessage{m}
+		_, err := mq.write(ctx, one[:], wait, time.Time{})
+		return err
+	}
+	one := []*EnhancedMessage{m}
+	if tw, ok := q.(TryWriter); ok && !wait {
+		_, err := tw.TryWrite(one)
+		return err
+	}
+	_, err := q.Write(ctx, one)
+	return err
+}
