@@ -36,6 +36,9 @@ func (r *queueRun) commitCursor(ctx context.Context, off int64, finished []int64
 	} else {
 		err = m.b.cursors.Commit(ctx, m.topic, m.scope, r.q, off)
 	}
+	if err == nil && r.tl != nil {
+		err = r.tl.commitFloor(ctx, off)
+	}
 	return err
 }
 
@@ -88,6 +91,11 @@ func (r *queueRun) load() (int64, error) {
 			m.report(&Error{Op: fmt.Sprintf("take %s: finished set of %T ignored", r.id, m.b.cursors), Err: err})
 		} else {
 			r.skip, r.skipAt = set, 0
+		}
+	}
+	if m.cfg.transactional {
+		if err := r.takeTxn(start); err != nil {
+			return 0, &Error{Op: fmt.Sprintf("take %s: transaction log", r.id), Err: err}
 		}
 	}
 	if start != cur {

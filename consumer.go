@@ -95,6 +95,17 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 			return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: a batch handler over a cursor store that runs handlers in its transactions (%T)", ErrInvalidOption, b.cursors)}
 		}
 	}
+	if cfg.transactional {
+		if _, ok := h.(*batchHandler); ok {
+			return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: a batch handler with Transactional", ErrInvalidOption)}
+		}
+		if _, tx := b.cursors.(TxCursorStore); tx {
+			return nil, &Error{Op: "new consumer", Err: fmt.Errorf("%w: Transactional over a cursor store that runs handlers in its transactions (%T)", ErrInvalidOption, b.cursors)}
+		}
+		if cfg.txnLog, err = TransactionLog(group, topic); err != nil {
+			return nil, &Error{Op: "new consumer", Err: err}
+		}
+	}
 	if cfg.deadLetter == "" {
 		if cfg.deadLetter, err = DeadLetterTopic(group); err != nil {
 			return nil, &Error{Op: "new consumer: dead-letter topic (set WithDeadLetter)", Err: err}
@@ -110,6 +121,11 @@ func (b *Broker) NewConsumer(group, topic string, h Handler, opts ...ConsumerOpt
 		// Retries go off the queue (see offQueue), to the retry topic.
 		if cfg.retryTopic, err = RetryTopic(group, topic); err != nil {
 			return nil, &Error{Op: "new consumer", Err: err}
+		}
+		if cfg.transactional {
+			if _, err := TransactionLog(group, cfg.retryTopic); err != nil {
+				return nil, &Error{Op: "new consumer: the retry topic's transaction log", Err: err}
+			}
 		}
 	}
 	c := &Consumer{m: newGroupMember(b, group, topic, cfg), h: h}
@@ -207,6 +223,14 @@ func (c *Consumer) Close() error {
 	c.retryMu.Unlock()
 	if rc != nil {
 		err = joinErrors(err, rc.Close())
+	}
+	if d := c.deliverer(); d != nil {
+		d.mu.Lock()
+		p := d.outbox
+		d.mu.Unlock()
+		if p != nil {
+			_ = p.Close()
+		}
 	}
 	return err
 }

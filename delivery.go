@@ -109,10 +109,11 @@ type deliverer struct {
 	bh *batchHandler
 
 	retryWake chan struct{}
-	mu        sync.Mutex // guards delayed, looping and producer
+	mu        sync.Mutex // guards delayed, looping, producer and outbox
 	delayed   retryHeap
 	looping   bool // the retry loop runs
 	producer  *Producer
+	outbox    *Producer // routes outboxes' Sends by default (see Transactional)
 }
 
 func newDeliverer(m *groupMember, h Handler) *deliverer {
@@ -519,6 +520,9 @@ func (d *deliverer) call(dctx *deliveryCtx, r *queueRun, msg *EnhancedMessage, a
 	view := d.view(msg)
 	if d.txs != nil {
 		return d.callTx(dctx, hc, r, msg, view)
+	}
+	if r.tl != nil {
+		return d.callOutbox(dctx, hc, r, msg, view)
 	}
 	if hs := d.m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
 		return d.callHooked(hs, dctx, hc, view)

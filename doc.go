@@ -103,6 +103,12 @@
 // store with [CursorGroups], as the memory and file stores are, this
 // includes groups with no member running; see [Broker.ForgetGroup]).
 //
+// A [Transactional] consumer's handler sends through the [Outbox] of its
+// context ([OutboxFrom]): its outputs are stored if and only if the call
+// succeeds, with the finishing of the message handled, exactly once
+// across crashes and hand-overs, within the output topics' deduplication
+// windows (see [Transactional] and [TransactionLog]).
+//
 // Calls that wait take a context that bounds the call only: a Start or a
 // Poll that times out leaves its consumer running, to be closed with
 // Close, which returns what failed while closing. A nil context is bad

@@ -62,6 +62,9 @@ var (
 	// commit with a higher fencing token went in first: the committer's
 	// lease is stale, and it wrote nothing.
 	ErrFenced = errors.New("fenced")
+
+	// ErrOutboxDone is an [Outbox] Send after its handler call returned.
+	ErrOutboxDone = errors.New("outbox done: the handler call returned")
 )
 
 // Error is the error of an operation of Ferry or of one of its stores,

@@ -121,3 +121,46 @@ func ExampleBroker_NewMultiConsumer() {
 	// [orders: #1 refunds: #7]
 	// [orders refunds]
 }
+
+// A Transactional handler's sends are stored only when it succeeds: the
+// first attempt here fails after sending, and only the second one's
+// invoice is stored.
+func ExampleTransactional() {
+	ctx := context.Background()
+	b, _ := ferry.NewBroker()
+	defer b.Close()
+	_ = b.CreateTopic(ctx, ferry.TopicMeta{Name: "orders", Queues: 1})
+	_ = b.CreateTopic(ctx, ferry.TopicMeta{Name: "invoices", Queues: 1})
+	p, _ := b.NewProducer()
+	defer p.Close()
+	_, _ = p.Send(ctx, &ferry.Message{Topic: "orders", Body: []byte("order 1")})
+
+	c, _ := b.NewConsumer("billing", "orders", ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		d, _ := ferry.DeliveryFrom(ctx)
+		body := fmt.Sprintf("invoice for %s (attempt %d)", m.Body, d.Attempt)
+		if err := ferry.OutboxFrom(ctx).Send(&ferry.Message{Topic: "invoices", Body: []byte(body)}); err != nil {
+			return err
+		}
+		if d.Attempt == 1 {
+			return errors.New("the database is down") // nothing sent is stored
+		}
+		return nil
+	}), ferry.Transactional(), ferry.WithRetry(3, time.Millisecond))
+	_ = c.Start(ctx)
+	defer c.Close()
+
+	got := make(chan string, 2)
+	r, _ := b.NewConsumer("reader", "invoices", ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
+		got <- string(m.Body)
+		return nil
+	}))
+	_ = r.Start(ctx)
+	defer r.Close()
+	fmt.Println(<-got)
+	select {
+	case s := <-got:
+		fmt.Println("and", s)
+	case <-time.After(50 * time.Millisecond):
+	}
+	// Output: invoice for order 1 (attempt 2)
+}

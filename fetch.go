@@ -298,6 +298,9 @@ func (r *queueRun) seek(req seekReq) {
 	r.buf.Reset(req.to)
 	r.commitMu.Lock()
 	r.skip, r.skipAt = nil, 0 // the seek asks for what is there, handled or not
+	if r.tl != nil {
+		r.tl.forget()
+	}
 	err := r.commitCursor(r.ctx, req.to, nil)
 	if err == nil {
 		r.committed = req.to

@@ -131,6 +131,10 @@ type consumerConfig struct {
 	autoCommit bool
 	retryTopic string // where failures are retried off the queue
 	retryOf    string // for a consumer of a retry topic: the origin topic
+	// transactional: handler calls are transactions (see Transactional),
+	// their records kept in the topic txnLog.
+	transactional bool
+	txnLog        string
 }
 
 // WithAllocator sets how the group's queues are split among its members.
@@ -365,6 +369,8 @@ func newConsumerConfig(group, topic string, apply func(*consumerConfig)) (*consu
 		return nil, fmt.Errorf("%w: group and member id too long for a broadcast cursor", ErrInvalidOption)
 	case c.ordered && c.orderedByKey:
 		return nil, fmt.Errorf("%w: Ordered and OrderedByKey together", ErrInvalidOption)
+	case c.transactional && c.broadcast:
+		return nil, fmt.Errorf("%w: Transactional and Broadcast together", ErrInvalidOption)
 	case c.concurrency < 1:
 		return nil, fmt.Errorf("%w: concurrency %d", ErrInvalidOption, c.concurrency)
 	case c.startFrom != Earliest && c.startFrom != Latest:

@@ -81,6 +81,8 @@ type queueRun struct {
 	// for more messages (Unix ns; 0: not waiting, see deliverer.linger).
 	lingerUntil atomic.Int64
 
+	tl *txnLog // the queue's transaction log (see Transactional); nil otherwise
+
 	cslot     *cursorSlot // the queue's cursor, when the store is a MemoryCursorStore
 	commitMu  sync.Mutex  // guards committed; commits hold it
 	committed int64

@@ -229,6 +229,12 @@ func (c *Consumer) newRetryMember(ctx context.Context, create bool) (*Consumer, 
 	}
 	cfg := *m.cfg
 	cfg.retryOf, cfg.retryTopic = m.topic, name
+	if cfg.transactional {
+		var err error
+		if cfg.txnLog, err = TransactionLog(m.group, name); err != nil {
+			return nil, err
+		}
+	}
 	cfg.startFrom = Earliest                 // every retry written before it starts
 	cfg.onAssigned, cfg.onRevoked = nil, nil // the user's queues are the topic's
 	rc := &Consumer{m: newGroupMember(b, m.group, name, &cfg), h: c.h}

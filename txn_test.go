@@ -1,0 +1,224 @@
+package ferry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferrymq/ferry"
+)
+
+// drainTopic reads every queue of topic from the start until it holds
+// want messages (or fails the test after a few seconds), then returns
+// them by body.
+func drainTopic(t *testing.T, b *ferry.Broker, topic string, want int) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	got := map[string]int{}
+	var mu sync.Mutex
+	n := 0
+	c, err := b.NewConsumer("reader-"+topic, topic, ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got[string(m.Body)]++
+		n++
+		return nil
+	}), ferry.WithRetry(1, 0))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return n >= want
+	}, 10*time.Second, time.Millisecond, "outputs in %s", topic)
+	time.Sleep(20 * time.Millisecond) // time for any extra one to show
+	require.NoError(t, c.Close())
+	mu.Lock()
+	defer mu.Unlock()
+	return got
+}
+
+// TestTransactionalOutputs: in every mode, a Transactional handler's
+// outputs are stored once per message handled, those of a failed attempt
+// (an error after sending, a panic, a dead letter) never.
+func TestTransactionalOutputs(t *testing.T) {
+	for _, mode := range []string{"concurrent", "ordered", "keyed"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := context.Background()
+			b, err := ferry.NewBroker()
+			require.NoError(t, err)
+			defer b.Close()
+			require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "in", Queues: 2}))
+			require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "out", Queues: 3}))
+			require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "audit", Queues: 1}))
+			const n = 60
+			var mu sync.Mutex
+			attempts := map[string]int{}
+			var handled sync.WaitGroup
+			handled.Add(n)
+			h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+				ob := ferry.OutboxFrom(ctx)
+				if ob == nil {
+					return ferry.Permanent(errors.New("no outbox"))
+				}
+				body := string(m.Body)
+				mu.Lock()
+				attempts[body]++
+				a := attempts[body]
+				mu.Unlock()
+				send := func(topic, what string) {
+					require.NoError(t, ob.Send(&ferry.Message{Topic: topic, Key: m.Key, Body: fmt.Appendf(nil, "%s/%s/%d", body, what, a)}))
+				}
+				send("out", "a")
+				send("audit", "b")
+				i := 0
+				fmt.Sscan(strings.TrimPrefix(body, "m"), &i)
+				switch {
+				case i%10 == 7:
+					handled.Done()
+					return ferry.Permanent(errors.New("poison")) // dead-lettered: no outputs
+				case i%5 == 1 && a == 1:
+					return errors.New("first attempt fails")
+				case i%5 == 2 && a == 1:
+					panic("first attempt panics")
+				}
+				handled.Done()
+				return nil
+			})
+			opts := []ferry.ConsumerOption{ferry.Transactional(), ferry.WithRetry(4, time.Millisecond)}
+			switch mode {
+			case "ordered":
+				opts = append(opts, ferry.Ordered())
+			case "keyed":
+				opts = append(opts, ferry.OrderedByKey(), ferry.WithConcurrency(4))
+			}
+			c, err := b.NewConsumer("g", "in", h, opts...)
+			require.NoError(t, err)
+			require.NoError(t, c.Start(ctx))
+			defer c.Close()
+			p, err := b.NewProducer()
+			require.NoError(t, err)
+			defer p.Close()
+			for i := range n {
+				_, err := p.Send(ctx, &ferry.Message{Topic: "in", Key: fmt.Sprint(i % 7), Body: fmt.Appendf(nil, "m%d", i)})
+				require.NoError(t, err)
+			}
+			handled.Wait()
+			require.NoError(t, c.Close())
+
+			want := map[string]int{}
+			wantAudit := map[string]int{}
+			for i := range n {
+				if i%10 == 7 {
+					continue
+				}
+				a := 1
+				if i%5 == 1 || i%5 == 2 {
+					a = 2
+				}
+				want[fmt.Sprintf("m%d/a/%d", i, a)] = 1
+				wantAudit[fmt.Sprintf("m%d/b/%d", i, a)] = 1
+			}
+			assert.Equal(t, want, drainTopic(t, b, "out", len(want)))
+			assert.Equal(t, wantAudit, drainTopic(t, b, "audit", len(wantAudit)))
+		})
+	}
+}
+
+// TestOutboxBadInput: sends an outbox refuses, each with its error and
+// nothing stored; options Transactional cannot be combined with.
+func TestOutboxBadInput(t *testing.T) {
+	ctx := context.Background()
+	b, err := ferry.NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	other, err := ferry.NewBroker()
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "in", Queues: 1}))
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "out", Queues: 1}))
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "nodedup", Queues: 1, DedupWindow: ferry.DedupOff}))
+	require.NoError(t, other.CreateTopic(ctx, ferry.TopicMeta{Name: "out", Queues: 1}))
+	op, err := other.NewProducer()
+	require.NoError(t, err)
+	defer op.Close()
+
+	assert.ErrorIs(t, ferry.OutboxFrom(ctx).Send(&ferry.Message{Topic: "out"}), ferry.ErrInvalidOption, "no outbox outside a transactional call")
+	var nilCtx context.Context // a nil context is bad input
+	assert.Nil(t, ferry.OutboxFrom(nilCtx))
+	assert.Zero(t, ferry.OutboxFrom(ctx).Len())
+
+	kept := make(chan *ferry.Outbox, 1)
+	errs := make(chan map[string]error, 1)
+	h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		ob := ferry.OutboxFrom(ctx)
+		got := map[string]error{
+			"nil message":   ob.Send(nil),
+			"unknown topic": ob.Send(&ferry.Message{Topic: "nope"}),
+			"invalid topic": ob.Send(&ferry.Message{Topic: "a/b"}),
+			"system topic":  ob.Send(&ferry.Message{Topic: "%DLQ%g"}),
+			"no dedup":      ob.Send(&ferry.Message{Topic: "nodedup"}),
+			"too large":     ob.Send(&ferry.Message{Topic: "out", Body: make([]byte, ferry.DefaultMaxMessageBytes+1)}),
+			"nil producer":  ob.SendVia(nil, &ferry.Message{Topic: "out"}),
+			"other broker":  ob.SendVia(op, &ferry.Message{Topic: "out"}),
+		}
+		for range 3 {
+			if err := ob.Send(&ferry.Message{Topic: "out", Body: make([]byte, ferry.DefaultMaxMessageBytes/3+1)}); err != nil {
+				got["outbox full"] = err
+			}
+		}
+		errs <- got
+		kept <- ob
+		return nil
+	})
+	c, err := b.NewConsumer("g", "in", h, ferry.Transactional())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Send(ctx, &ferry.Message{Topic: "in", Body: []byte("x")})
+	require.NoError(t, err)
+	got := <-errs
+	for what, want := range map[string]error{
+		"nil message": ferry.ErrInvalidMessage, "unknown topic": ferry.ErrTopicNotFound, "invalid topic": ferry.ErrInvalidTopic,
+		"system topic": ferry.ErrInvalidTopic, "no dedup": ferry.ErrInvalidOption, "too large": ferry.ErrMessageTooLarge,
+		"nil producer": ferry.ErrInvalidOption, "other broker": ferry.ErrInvalidOption, "outbox full": ferry.ErrMessageTooLarge,
+	} {
+		assert.ErrorIs(t, got[what], want, what)
+	}
+	ob := <-kept
+	require.Eventually(t, func() bool { return ob.Send(&ferry.Message{Topic: "out"}) != nil }, 5*time.Second, time.Millisecond)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // from another goroutine, after the call
+		defer wg.Done()
+		assert.ErrorIs(t, ob.Send(&ferry.Message{Topic: "out", Body: []byte("late")}), ferry.ErrOutboxDone)
+	}()
+	wg.Wait()
+	require.NoError(t, c.Close())
+	// Two outputs were accepted (the third overflowed); nothing else.
+	outs := drainTopic(t, b, "out", 2)
+	assert.Len(t, outs, 1)
+	for body, n := range outs {
+		assert.Equal(t, ferry.DefaultMaxMessageBytes/3+1, len(body))
+		assert.Equal(t, 2, n)
+	}
+
+	for name, opts := range map[string][]ferry.ConsumerOption{
+		"broadcast": {ferry.Transactional(), ferry.Broadcast()},
+	} {
+		_, err := b.NewConsumer("g2", "in", h, opts...)
+		assert.ErrorIs(t, err, ferry.ErrInvalidOption, name)
+	}
+	_, err = b.NewConsumer("g2", "in", ferry.Batch(ferry.BatchHandlerFunc(func(context.Context, []*ferry.EnhancedMessage) error { return nil }), 8), ferry.Transactional())
+	assert.ErrorIs(t, err, ferry.ErrInvalidOption, "batch")
+}

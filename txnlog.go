@@ -1,0 +1,467 @@
+package ferry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// txnLog is a held queue's transaction log (see Transactional): queue q
+// of the group's log topic, which only the holder of queue q writes (a
+// former holder's late records are void, see takeTxn).
+type txnLog struct {
+	r     *queueRun
+	name  string
+	t     *topicState
+	lq    Queue
+	token uint64
+
+	mu      sync.Mutex
+	waiting []*txnPending // records waiting for the writer, in order
+	writing bool          // a writer writes; the first waiting one writes next
+	next    int64         // the log's next offset after this holding's last write
+	last    int64         // the offset of this holding's last record (or its marker)
+	fenced  bool          // a later owner's record is in the log: write nothing more
+	// applied lists the records this holding applied or is applying
+	// (log offset, input offset) whose input may not be committed yet:
+	// the applied floor stays at or below the oldest.
+	applied   []txnApplied
+	committed int64 // the applied floor last committed
+}
+
+type txnApplied struct{ at, off int64 }
+
+// txnPending is a record waiting to be written.
+type txnPending struct {
+	em   *EnhancedMessage
+	off  int64 // input offset
+	at   int64 // where it was written
+	err  error
+	wake chan struct{} // closed when written, or when it is to write
+	lead bool
+}
+
+// errTxnFenced is a log write's when a later owner of the queue wrote to
+// the log: this holding's lease is gone.
+var errTxnFenced = fmt.Errorf("%w: a later owner of the queue wrote to its transaction log", ErrFenced)
+
+// txnLogState returns the member's transaction log topic, with at least
+// queues queues, creating or growing it.
+func (m *groupMember) txnLogState(ctx context.Context, queues int) (*topicState, error) {
+	name := m.cfg.txnLog
+	t, err := m.b.topic(name)
+	if errors.Is(err, ErrTopicNotFound) {
+		if err := m.b.createSystemTopic(ctx, TopicMeta{Name: name, Queues: queues}); err != nil {
+			return nil, err
+		}
+		t, err = m.b.topic(name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(t.queues) < queues {
+		if err := m.b.addQueues(ctx, name, queues); err != nil {
+			return nil, err
+		}
+		if t, err = m.b.topic(name); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// takeTxn takes r's transaction log when r's queue was taken at start:
+// it writes the take marker, then reads the log from the applied floor
+// to the marker and finishes each input at or above start (and not in
+// r.skip) that has a record there, with its last record: its outputs
+// are written again (stored only if they were not) and the input joins
+// r.skip. A record with a lower token than a record or marker before it
+// is void: its writer had lost the queue (it wrote none of its outputs,
+// see write).
+func (r *queueRun) takeTxn(start int64) error {
+	m := r.m
+	lt, err := m.txnLogState(r.ctx, len(r.t.queues))
+	if err != nil {
+		return err
+	}
+	tl := &txnLog{r: r, name: lt.meta.Name, t: lt, lq: lt.queues[r.q], token: r.lease.Token()}
+	from, err := tl.loadFloor(r.ctx)
+	if err != nil {
+		return err
+	}
+	mark := &EnhancedMessage{Message: Message{Topic: tl.name, Tag: txnMarkerTag + strconv.FormatUint(tl.token, 10)}}
+	at, err := tl.lq.Write(r.ctx, []*EnhancedMessage{mark})
+	if err != nil {
+		return fmt.Errorf("write take marker: %w", err)
+	}
+	tl.next, tl.last, tl.committed = at+1, at, from
+	oldest, _, err := queueOffsets(r.ctx, tl.lq)
+	if err != nil {
+		return err
+	}
+	last := map[int64]*EnhancedMessage{} // input offset → its last valid record
+	var fence uint64
+	err = tl.read(r.ctx, max(from, oldest), at, func(msg *EnhancedMessage) {
+		marker, off, token, err := parseTxnTag(msg.Tag)
+		switch {
+		case err != nil:
+			m.report(&Error{Op: fmt.Sprintf("take %s: transaction log %s offset %d ignored", r.id, tl.lq.ID(), msg.Offset), Err: err})
+		case token < fence:
+			// void: written after a later owner's marker or record
+		case marker:
+			fence = token
+		default:
+			fence = token
+			if off >= start {
+				last[off] = msg
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	recs := make([]*EnhancedMessage, 0, len(last))
+	for off, msg := range last {
+		if _, done := slices.BinarySearch(r.skip, off); done {
+			// Finished, as the store says; the floor still keeps its
+			// record, for a next owner whose store may not say so.
+			tl.applied = append(tl.applied, txnApplied{at: msg.Offset, off: off})
+			continue
+		}
+		recs = append(recs, msg)
+	}
+	slices.SortFunc(recs, func(a, b *EnhancedMessage) int { return compareInt64(a.Offset, b.Offset) })
+	finished := make([]int64, 0, len(recs))
+	for _, msg := range recs {
+		_, off, _, _ := parseTxnTag(msg.Tag)
+		outs, err := decodeTxnRecord(msg.Body)
+		if err != nil {
+			// Its input is handled again: losing its outputs beats
+			// guessing them.
+			m.report(&Error{Op: fmt.Sprintf("take %s: transaction log %s offset %d ignored", r.id, tl.lq.ID(), msg.Offset), Err: err})
+			continue
+		}
+		if err := tl.apply(r.ctx, msg.Offset, outs); err != nil {
+			return err
+		}
+		tl.applied = append(tl.applied, txnApplied{at: msg.Offset, off: off})
+		finished = append(finished, off)
+	}
+	if len(finished) > 0 {
+		r.skip = append(slices.Clone(r.skip), finished...)
+		slices.Sort(r.skip)
+		r.skip, r.skipAt = slices.Compact(r.skip), 0
+	}
+	r.tl = tl
+	return nil
+}
+
+func compareInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// read calls f for each message of the log in [from, to).
+func (tl *txnLog) read(ctx context.Context, from, to int64, f func(*EnhancedMessage)) error {
+	buf := make([]*EnhancedMessage, 256)
+	for off := from; off < to; {
+		n, err := tl.lq.Read(ctx, off, buf[:min(int64(len(buf)), to-off)])
+		if err != nil {
+			return fmt.Errorf("read transaction log %s at %d: %w", tl.lq.ID(), off, err)
+		}
+		for _, msg := range buf[:n] {
+			if msg.Offset >= to {
+				return nil
+			}
+			f(msg)
+			off = msg.Offset + 1
+		}
+	}
+	return nil
+}
+
+// loadFloor reads the applied floor, the group's cursor on the log
+// queue (taking it, where the store hands cursors over, so that a former
+// owner's floor commits are refused from now on); -1 when none.
+func (tl *txnLog) loadFloor(ctx context.Context) (int64, error) {
+	m := tl.r.m
+	offs, err := m.b.cursors.Load(ctx, tl.name, m.scope, len(tl.t.queues))
+	if err != nil {
+		return 0, err
+	}
+	m.b.groups.register(tl.name, m.scope, offs) // its release needs to know the group reads it
+	if hs, ok := m.b.cursors.(HandoffCursorStore); ok {
+		cur, _, err := hs.TakeCursor(ctx, tl.name, m.scope, tl.r.q, tl.token)
+		return cur, err
+	}
+	return offs[tl.r.q], nil
+}
+
+// commit writes the record of the call that handled input offset off
+// and sent outs, then their outputs, unless the queue is no longer this
+// holding's: then the record is the next owner's to apply (see
+// takeTxn), and the message goes back unfinished. A write refused
+// outright (too large) fails the attempt.
+func (tl *txnLog) commit(r *queueRun, off int64, outs []txnOutput) error {
+	rec := &EnhancedMessage{Message: Message{
+		Topic: tl.name,
+		Tag:   txnRecordTag + strconv.FormatInt(off, 10) + "," + strconv.FormatUint(tl.token, 10),
+		Body:  encodeTxnRecord(outs),
+	}}
+	at, err := tl.write(rec, off)
+	if err != nil {
+		if errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrInvalidMessage) {
+			return &Error{Op: fmt.Sprintf("commit transaction of %s offset %d", r.id, off), Err: err}
+		}
+		// Stored or not, the record is the next owner's to judge.
+		r.m.report(&Error{Op: fmt.Sprintf("commit transaction of %s offset %d: queue given up", r.id, off), Err: err})
+		r.lose()
+		return errGivenUp
+	}
+	if !r.h.lands() || r.pastDeadline() {
+		return errGivenUp // the next owner applies it
+	}
+	dec := make([]decodedOutput, len(outs))
+	for i, o := range outs {
+		dec[i] = decodedOutput{topic: o.t.meta.Name, q: o.q, inc: o.t.meta.Incarnation, at: o.at, em: o.em}
+	}
+	if err := tl.apply(r.hctx, at, dec); err != nil {
+		r.m.report(&Error{Op: fmt.Sprintf("write outputs of transaction of %s offset %d: queue given up", r.id, off), Err: err})
+		r.lose()
+		return errGivenUp
+	}
+	return nil
+}
+
+// write writes rec, the record of input offset off, to the log with
+// whatever other records are waiting (one write for all: group commit)
+// and returns its offset. One writer at a time: the others wait, and
+// the first waiting writes next. A write that lands after records of
+// another writer checks them: one with a later token fences this
+// holding out (errTxnFenced), and its records are void.
+func (tl *txnLog) write(rec *EnhancedMessage, off int64) (int64, error) {
+	p := &txnPending{em: rec, off: off, wake: make(chan struct{})}
+	tl.mu.Lock()
+	tl.waiting = append(tl.waiting, p)
+	if tl.writing {
+		tl.mu.Unlock()
+		<-p.wake
+		if !p.lead {
+			return p.at, p.err
+		}
+		tl.mu.Lock()
+	}
+	tl.writing = true
+	batch := tl.waiting
+	tl.waiting = nil
+	tl.mu.Unlock()
+
+	tl.writeBatch(batch)
+
+	tl.mu.Lock()
+	if len(tl.waiting) > 0 {
+		next := tl.waiting[0]
+		next.lead = true
+		close(next.wake)
+	} else {
+		tl.writing = false
+	}
+	tl.mu.Unlock()
+	for _, q := range batch {
+		if q != p && !q.lead {
+			close(q.wake)
+		}
+	}
+	return p.at, p.err
+}
+
+// writeBatch writes batch's records with one Write and sets each one's
+// offset or error; the writer's.
+func (tl *txnLog) writeBatch(batch []*txnPending) {
+	r := tl.r
+	fail := func(err error) {
+		for _, p := range batch {
+			p.err = err
+		}
+	}
+	tl.mu.Lock()
+	fenced := tl.fenced
+	tl.mu.Unlock()
+	if fenced {
+		fail(errTxnFenced)
+		return
+	}
+	msgs := make([]*EnhancedMessage, len(batch))
+	for i, p := range batch {
+		msgs[i] = p.em
+	}
+	first, err := tl.lq.Write(r.hctx, msgs)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if first != tl.next {
+		if fenced, err := tl.fencedIn(tl.next, first); err != nil || fenced {
+			if err == nil {
+				err = errTxnFenced
+				tl.mu.Lock()
+				tl.fenced = true
+				tl.mu.Unlock()
+			}
+			fail(err)
+			return
+		}
+	}
+	tl.mu.Lock()
+	for i, p := range batch {
+		p.at = first + int64(i)
+		tl.applied = append(tl.applied, txnApplied{at: p.at, off: p.off})
+	}
+	tl.next = first + int64(len(batch))
+	tl.last = tl.next - 1
+	tl.mu.Unlock()
+}
+
+// fencedIn reports whether the log's records in [from, to), another
+// writer's, hold a later token than this holding's.
+func (tl *txnLog) fencedIn(from, to int64) (bool, error) {
+	fenced := false
+	err := tl.read(tl.r.hctx, from, to, func(msg *EnhancedMessage) {
+		if _, _, token, err := parseTxnTag(msg.Tag); err == nil && token > tl.token {
+			fenced = true
+		}
+	})
+	return fenced, err
+}
+
+// apply writes the outputs of the record at log offset at, each with its
+// deduplication key (its own, or one derived from at and its index), so
+// that writing them again stores none twice. An output whose topic is
+// gone or was created again since is dropped and reported. A failed
+// write is tried again, with backoff, until ctx ends.
+func (tl *txnLog) apply(ctx context.Context, at int64, outs []decodedOutput) error {
+	for try := 1; ; try++ {
+		err := tl.applyOnce(ctx, at, outs)
+		if err == nil {
+			return nil
+		}
+		tl.r.m.report(&Error{Op: fmt.Sprintf("write outputs of transaction log %s offset %d", tl.lq.ID(), at), Err: err})
+		t := time.NewTimer(backoff(10*time.Millisecond, time.Second, try))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+func (tl *txnLog) applyOnce(ctx context.Context, at int64, outs []decodedOutput) error {
+	b := tl.r.m.b
+	prefix := "%txn:" + tl.name + ":" + strconv.Itoa(tl.r.q) + ":" + strconv.FormatInt(at, 10) + ":"
+	type target struct {
+		t   *topicState
+		q   int
+		ems []*EnhancedMessage
+	}
+	var targets []target
+	for i := range outs {
+		o := &outs[i]
+		t, err := b.topic(o.topic)
+		if errors.Is(err, ErrTopicNotFound) || err == nil && o.inc != 0 && t.meta.Incarnation != 0 && t.meta.Incarnation != o.inc {
+			tl.r.m.report(&Error{Op: fmt.Sprintf("write output %d of transaction log %s offset %d: dropped", i, tl.lq.ID(), at), Err: fmt.Errorf("%w: %q (deleted, or created again since)", ErrTopicNotFound, o.topic)})
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		w := *o.em // a fresh message each time: the queue keeps it
+		if w.DedupKey == "" {
+			w.DedupKey = prefix + strconv.Itoa(i)
+		}
+		q := o.q % len(t.queues)
+		if !o.at.IsZero() && o.at.After(b.time.Now()) {
+			if _, err := b.delay.place(ctx, &w, QueueID{Topic: t.meta.Name, Queue: q}, o.at, true); err != nil {
+				return err
+			}
+			continue
+		}
+		j := slices.IndexFunc(targets, func(g target) bool { return g.t == t && g.q == q })
+		if j < 0 {
+			targets = append(targets, target{t: t, q: q})
+			j = len(targets) - 1
+		}
+		targets[j].ems = append(targets[j].ems, &w)
+	}
+	for _, g := range targets {
+		if _, err := writeAt(ctx, g.t.queues[g.q], g.ems, b.clock.now()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// commitFloor commits the applied floor for the queue's cursor c, just
+// committed: the oldest record applied by this holding whose input is
+// at or above c, or this holding's last record (its marker at first),
+// so that the next owner's take reads every record it may need and
+// this holding's token first. The log is released below it.
+func (tl *txnLog) commitFloor(ctx context.Context, c int64) error {
+	tl.mu.Lock()
+	floor := tl.last
+	kept := tl.applied[:0]
+	for _, a := range tl.applied {
+		if a.off >= c {
+			kept = append(kept, a)
+			floor = min(floor, a.at)
+		}
+	}
+	clear(tl.applied[len(kept):])
+	tl.applied = kept
+	if floor <= tl.committed {
+		tl.mu.Unlock()
+		return nil
+	}
+	tl.mu.Unlock()
+	m := tl.r.m
+	var err error
+	if fs, ok := m.b.cursors.(FencedCursorStore); ok {
+		err = fs.CommitFenced(ctx, tl.name, m.scope, tl.r.q, floor, tl.token)
+	} else {
+		err = m.b.cursors.Commit(ctx, tl.name, m.scope, tl.r.q, floor)
+	}
+	if err != nil {
+		if errors.Is(err, ErrFenced) {
+			tl.r.lose()
+		}
+		return &Error{Op: fmt.Sprintf("commit transaction log %s at %d", tl.lq.ID(), floor), Err: err}
+	}
+	tl.mu.Lock()
+	tl.committed = max(tl.committed, floor)
+	tl.mu.Unlock()
+	if rel, ok := tl.lq.(Releaser); ok {
+		low, err := m.b.groups.releaseTo(ctx, tl.t, m.scope, tl.r.q, floor)
+		if err != nil {
+			return &Error{Op: fmt.Sprintf("release transaction log %s", tl.lq.ID()), Err: err}
+		}
+		rel.Release(low)
+	}
+	return nil
+}
+
+// forget drops what the holding applied: a seek asks for the messages
+// as they are, handled or not.
+func (tl *txnLog) forget() {
+	tl.mu.Lock()
+	tl.applied = nil
+	tl.mu.Unlock()
+}
