@@ -298,7 +298,10 @@ func (d *delayer) signal() {
 // further than any owned level's front (so that actions run in the order
 // of their times, across levels, even when a mover lags). A level waiting
 // for more messages is checked: if it has read everything, nothing it
-// will read acts before the time of the check. d.mu is held.
+// will read acts before now, the clock reading taken before the check (a
+// write the check does not see reads the clock under the level's write
+// lock after the check let it go). One reading serves every level: the
+// owner checks all of them, most often empty. d.mu is held.
 func (d *delayer) limit(now time.Time) time.Time {
 	lim := now
 	for _, lv := range d.levels {
@@ -307,14 +310,11 @@ func (d *delayer) limit(now time.Time) time.Time {
 		}
 		if lv.idle {
 			lv.wmu.Lock()
-			t := d.clock.Now()
 			_, next := lv.queue.Offsets()
 			lv.wmu.Unlock()
 			if lv.read >= next {
-				lv.front = t
-				if !t.Before(lim) {
-					continue
-				}
+				lv.front = now
+				continue
 			}
 		}
 		lim = lv.front
