@@ -25,19 +25,33 @@ import (
 // delivered to its topic when due. A wait of days takes about twenty
 // hops, spread over the wait.
 //
-// One mover per level (over a shared storage and coordinator, one in all
-// the brokers: it holds the level's lock, group delayGroup) reads its
-// level in order and hands each message to the broker's dispatcher
-// delayWindow before its hop ends; it reads no further while the next
-// message is not that near, so memory holds only messages due within a
-// few windows, however many wait, and no timer per message. The
-// dispatcher, one goroutine, carries out what falls due in the order of
-// due times, and no further than every level's front (the earliest time
-// a message it has not handed over yet can act at), so a key's messages
-// with ordered due times arrive in that order even when a mover lags.
-// A level's message is finished once it moved, and its cursor committed
-// after that: a crash in between moves it again (at least once). Nothing
-// is delivered before its time on the broker's clock.
+// One broker moves every level (over a shared storage and coordinator,
+// one in all the brokers: it holds the delay lock, level 0's lock in
+// group delayGroup, and makes the levels that do not exist yet before it
+// moves any). A mover per level reads its level in order and hands each
+// message to the broker's dispatcher delayWindow before its hop ends; it
+// reads no further while the next message is not that near, so memory
+// holds only messages due within a few windows, however many wait, and no
+// timer per message. The dispatcher, one goroutine, carries out what falls
+// due in the order of due times, and no further than every level's front
+// (the earliest time a message it has not handed over yet can act at), so
+// a key's messages with ordered due times arrive in that order even when a
+// mover lags, whichever broker placed them: the whole path a message can
+// take, every level down to its target, is one owner's. The others wait
+// for the lock, each broker over a shared storage as soon as a level
+// exists (see discovering); the one that takes it when the owner closes or
+// dies reads on from the levels' committed cursors. A level's message is
+// finished once it moved, and its cursor committed after that: a crash in
+// between moves it again (at least once, under the key of its first move:
+// see moveKey); the delay lock's fencing token fences every level's
+// cursor. Nothing is delivered before its time on the broker's clock.
+//
+// One owner for all the levels, not one per level (as before): with a
+// level's lock in one broker and the next level's in another, each
+// dispatcher bounded by the fronts of its own levels only, a lagging
+// broker held a key's message due at T in its level while another
+// delivered the key's message due at T+1 ms from its own (issue 27
+// defect 6).
 const (
 	delayTopicPrefix = "%DELAY%"
 	delayGroup       = "ferry-delay"
@@ -119,7 +133,7 @@ func delayLevel(r time.Duration) (int, time.Duration) {
 type delayer struct {
 	b      *Broker
 	clock  Clock
-	member string // its member ID in each level's group
+	member string // its member ID in the delay lock's group
 	ctx    context.Context
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
@@ -127,7 +141,7 @@ type delayer struct {
 
 	mu      sync.Mutex // guards the fields below and those of the levels marked so
 	closed  bool
-	started bool // the dispatcher and the committer run
+	serving bool // serve (for the delay lock), the dispatcher and the committer run
 	levels  [delayLevels]*level
 	due     actionHeap
 	seq     uint64
@@ -156,14 +170,10 @@ type level struct {
 	wmu sync.Mutex
 
 	// Under delayer.mu:
-	// starting holds the dispatcher back while the mover takes the
-	// level for the first time (for a second at most: then another
-	// broker must hold it).
-	starting bool
-	owned    bool
-	epoch    uint64 // counts ownerships: an action of an older one is dropped
-	token    uint64 // the lease's fencing token
-	read     int64  // the next offset to read
+	owned bool   // this broker holds the delay lock and moves the level
+	epoch uint64 // counts ownerships: an action of an older one is dropped
+	token uint64 // the delay lock's fencing token
+	read  int64  // the next offset to read
 	// front is no later than the action time of any message of the level
 	// not yet handed to the dispatcher (while owned).
 	front time.Time
@@ -210,7 +220,7 @@ func checkDueTime(at time.Time) error {
 }
 
 // level returns level n, creating its topic if needed, and makes sure
-// its mover runs.
+// this broker serves the delays.
 func (d *delayer) level(ctx context.Context, n int) (*level, error) {
 	d.mu.Lock()
 	lv := d.levels[n]
@@ -227,8 +237,8 @@ func (d *delayer) level(ctx context.Context, n int) (*level, error) {
 	return d.run(n)
 }
 
-// run starts level n's mover (and the dispatcher and committer) unless it
-// runs; after close it only returns the level.
+// run opens level n, whose topic exists, unless it is open, and makes
+// sure this broker serves the delays (unless it closed).
 func (d *delayer) run(n int) (*level, error) {
 	t, err := d.b.topic(delayTopic(n))
 	if err != nil {
@@ -236,29 +246,25 @@ func (d *delayer) run(n int) (*level, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if lv := d.levels[n]; lv != nil {
-		return lv, nil
+	lv := d.levels[n]
+	if lv == nil {
+		lv = &level{n: n, t: t, queue: t.queues[0]}
+		d.levels[n] = lv
 	}
-	lv := &level{n: n, t: t, queue: t.queues[0]}
-	d.levels[n] = lv
-	if d.closed {
-		return lv, nil // written now, moved after a restart
-	}
-	lv.starting = true
-	if !d.started {
-		d.started = true
-		d.wg.Add(2)
+	if !d.serving && !d.closed {
+		d.serving = true
+		d.wg.Add(3)
+		go d.serve()
 		go d.dispatch()
 		go d.commitLoop()
 	}
-	d.wg.Add(1)
-	go d.move(lv)
 	return lv, nil
 }
 
-// close stops the movers, the dispatcher and the committer and waits for
-// them. What they had not finished stays in the levels, to move after a
-// restart (or by another broker over the same storage).
+// close stops serving, the movers, the dispatcher and the committer and
+// waits for them. What they had not finished stays in the levels, to move
+// after a restart (or by another broker over the same storage, which
+// takes the delay lock once this one lets it go).
 func (d *delayer) close() {
 	d.mu.Lock()
 	d.closed = true
@@ -273,27 +279,27 @@ func (d *delayer) close() {
 }
 
 // discoverEvery is how often a broker over a storage that other brokers
-// may share looks for delay levels it does not move yet.
+// may share looks for a delay level, until it finds one.
 const discoverEvery = time.Second
 
 // discovering starts the discovery loop: every broker over a shared
-// storage serves every delay level, those another broker made after it
-// started included, so that delayed messages (and retries, which wait in
-// the levels) do not die with the broker that placed them. Each level's
-// mover holds the level's lock in the coordinator: one broker moves it,
-// and another takes it over when that one closes or its lease expires.
+// storage serves the delays (waits for the delay lock) once a level
+// exists, one another broker made after it started included, so that
+// delayed messages (and retries, which wait in the levels) do not die with
+// the broker that moves them: another takes the lock over when that one
+// closes or its lease expires.
 func (d *delayer) discovering() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
+	if d.closed || d.serving {
 		return
 	}
 	d.wg.Add(1)
 	go d.discoverLoop()
 }
 
-// discoverLoop runs discover every discoverEvery until every level moves
-// here or the broker closes.
+// discoverLoop runs discover every discoverEvery until this broker serves
+// the delays or closes.
 func (d *delayer) discoverLoop() {
 	defer d.wg.Done()
 	t := time.NewTicker(discoverEvery)
@@ -310,18 +316,13 @@ func (d *delayer) discoverLoop() {
 	}
 }
 
-// discover starts the movers of the levels the storage holds and this
-// broker does not move yet; it reports whether every level moves here.
-func (d *delayer) discover() (all bool) {
+// discover serves the delays if the storage holds a delay level; it
+// reports whether this broker serves them.
+func (d *delayer) discover() (serving bool) {
 	d.mu.Lock()
-	missing := 0
-	for _, lv := range d.levels {
-		if lv == nil {
-			missing++
-		}
-	}
+	serving = d.serving
 	d.mu.Unlock()
-	if missing == 0 {
+	if serving {
 		return true
 	}
 	metas, err := d.b.storage.Topics(d.ctx)
@@ -336,15 +337,13 @@ func (d *delayer) discover() (all bool) {
 		if !ok {
 			continue
 		}
-		d.mu.Lock()
-		running := d.levels[n] != nil
-		d.mu.Unlock()
-		if running {
-			continue
+		if _, err := d.run(n); err != nil {
+			if d.ctx.Err() == nil {
+				d.b.log.Warn("ferry: delayed delivery: opening a level another broker made", "level", n, "err", err)
+			}
+			return false
 		}
-		if _, err := d.run(n); err != nil && d.ctx.Err() == nil {
-			d.b.log.Warn("ferry: delayed delivery: starting a level another broker made", "level", n, "err", err)
-		}
+		return true
 	}
 	return false
 }

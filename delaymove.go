@@ -7,47 +7,34 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
-// Moving delayed messages: one mover per delay level reads its level in
-// order and hands each message to the dispatcher, which writes it down a
-// level or to its target when due (see delay.go).
+// Moving delayed messages: the broker that holds the delay lock moves
+// every level, one mover per level reading its level in order and handing
+// each message to the dispatcher, which writes it down a level or to its
+// target when due (see delay.go).
 
-// move is a level's mover: while it holds the level's lock in the
-// coordinator it reads the level in order and hands each message to the
-// dispatcher once its hop ends within delayWindow.
-func (d *delayer) move(lv *level) {
+// serve takes the delay lock (level 0's lock in group delayGroup: one
+// broker moves every level, so that one dispatcher sees every level's
+// front) and moves the levels while it holds it, until the delayer stops.
+func (d *delayer) serve() {
 	defer d.wg.Done()
-	g := GroupKey{Scope: delayGroup, Topic: lv.t.meta.Name}
+	g := GroupKey{Scope: delayGroup, Topic: delayTopic(0)}
 	for d.ctx.Err() == nil {
 		sess, err := d.b.groups.coord.Join(d.ctx, g, d.member)
 		if err != nil {
-			d.fail("join", lv, err)
+			d.fail("join", err)
 			continue
 		}
-		if lease, err := d.lock(sess, lv); err != nil {
-			d.fail("lock", lv, err)
+		if lease, err := sess.Lock(d.ctx, 0); err != nil {
+			d.fail("lock", err)
 		} else {
-			d.own(lv, sess, lease)
-			rctx, cancel := context.WithCancel(d.ctx)
-			lost := make(chan struct{})
-			go func() { // ends with the lease or the delayer
-				select {
-				case <-lease.Lost():
-				case <-sess.Done():
-				case <-rctx.Done():
-				}
-				cancel()
-				close(lost)
-			}()
-			d.readLoop(rctx, lv)
+			d.hold(sess, lease)
+			rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = lease.Release(rctx)
 			cancel()
-			<-lost
-			d.disown(lv, lease)
-			rctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
-			_ = lease.Release(rctx2)
-			cancel2()
 		}
 		lctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = sess.Leave(lctx)
@@ -55,46 +42,61 @@ func (d *delayer) move(lv *level) {
 	}
 }
 
-// lock locks lv's queue in sess. The first time, it stops holding the
-// dispatcher back after a second of waiting (the level is someone
-// else's), or at once when another broker's mover is in the level's group
-// already: it holds the lock, or takes it as likely as this one.
-func (d *delayer) lock(sess Session, lv *level) (Lease, error) {
-	d.mu.Lock()
-	starting := lv.starting
-	d.mu.Unlock()
-	if starting && len(sess.Members()) > 1 {
-		d.mu.Lock()
-		lv.starting = false
-		d.mu.Unlock()
-		d.signal()
-		starting = false
-	}
-	if starting {
-		ctx, cancel := context.WithTimeout(d.ctx, time.Second)
-		lease, err := sess.Lock(ctx, 0)
+// hold moves every level while lease holds the delay lock (and sess
+// lives, and the delayer runs): it makes the levels that do not exist
+// yet, so that no level it does not read can hold a message, takes them
+// all at once from their committed cursors and runs a mover per level.
+// When it ends, their actions still in the heap are dropped, for the
+// lock's next holder to read again.
+func (d *delayer) hold(sess Session, lease Lease) {
+	rctx, cancel := context.WithCancel(d.ctx)
+	lost := make(chan struct{})
+	go func() { // ends with the lease or the delayer
+		select {
+		case <-lease.Lost():
+		case <-sess.Done():
+		case <-rctx.Done():
+		}
 		cancel()
-		if err == nil {
-			return lease, nil // own() ends the start
-		}
-		d.mu.Lock()
-		lv.starting = false
-		d.mu.Unlock()
-		d.signal()
-		if d.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			return nil, err
+		close(lost)
+	}()
+	defer func() {
+		cancel()
+		<-lost
+	}()
+	var levels [delayLevels]*level
+	for n := range levels {
+		for {
+			lv, err := d.level(rctx, n)
+			if err == nil {
+				levels[n] = lv
+				break
+			}
+			if rctx.Err() != nil {
+				return
+			}
+			d.fail("make level "+strconv.Itoa(n), err)
 		}
 	}
-	return sess.Lock(d.ctx, 0)
+	d.ownAll(rctx, levels, lease)
+	var movers sync.WaitGroup
+	for _, lv := range levels {
+		movers.Add(1)
+		go func() {
+			defer movers.Done()
+			d.readLoop(rctx, lv)
+		}()
+	}
+	movers.Wait() // they return once rctx ends
+	d.disownAll(levels, lease)
 }
 
-// fail reports a failure of a level's mover and waits a little (false if
-// the delayer stopped meanwhile).
-func (d *delayer) fail(what string, lv *level, err error) {
+// fail reports a failure of the delays' service and waits a little.
+func (d *delayer) fail(what string, err error) {
 	if d.ctx.Err() != nil {
 		return
 	}
-	d.b.log.Error("ferry: delayed delivery: "+what, "topic", lv.t.meta.Name, "err", err)
+	d.b.log.Error("ferry: delayed delivery: "+what, "err", err)
 	t := time.NewTimer(100 * time.Millisecond)
 	defer t.Stop()
 	select {
@@ -103,48 +105,57 @@ func (d *delayer) fail(what string, lv *level, err error) {
 	}
 }
 
-// own starts an ownership of lv: reading from the committed cursor.
-func (d *delayer) own(lv *level, sess Session, lease Lease) {
-	start := int64(-1)
-	if cur, err := d.b.cursors.Load(d.ctx, lv.t.meta.Name, delayGroup, 1); err == nil {
-		start = cur[0]
-	} else {
-		d.b.log.Error("ferry: delayed delivery: load cursor", "topic", lv.t.meta.Name, "err", err)
-	}
-	oldest, next := lv.queue.Offsets()
-	if start < oldest || start > next {
-		start = oldest
+// ownAll starts an ownership of every level, each read from its
+// committed cursor on, all at once: the dispatcher acts on none of their
+// messages before every level's front is known.
+func (d *delayer) ownAll(ctx context.Context, levels [delayLevels]*level, lease Lease) {
+	var starts, committed [delayLevels]int64
+	for n, lv := range levels {
+		start := int64(-1)
+		if cur, err := d.b.cursors.Load(ctx, lv.t.meta.Name, delayGroup, 1); err == nil {
+			start = cur[0]
+		} else if ctx.Err() == nil {
+			d.b.log.Error("ferry: delayed delivery: load cursor", "topic", lv.t.meta.Name, "err", err)
+		}
+		// A level with no cursor yet gets one at the next commit, so that
+		// its group's lag (Broker.Lag) is known: only level 0's group has
+		// members.
+		committed[n] = start
+		oldest, next := lv.queue.Offsets()
+		if start < oldest || start > next {
+			start = oldest
+		}
+		starts[n] = start
 	}
 	d.mu.Lock()
-	lv.owned, lv.starting, lv.token = true, false, lease.Token()
-	lv.epoch++
-	lv.read, lv.base, lv.committed = start, start, start
-	lv.done = lv.done[:0]
-	lv.front, lv.idle = time.Time{}, true
-	d.mu.Unlock()
+	defer d.mu.Unlock()
+	for n, lv := range levels {
+		lv.owned, lv.token = true, lease.Token()
+		lv.epoch++
+		lv.read, lv.base, lv.committed = starts[n], starts[n], committed[n]
+		lv.done = lv.done[:0]
+		lv.front, lv.idle = time.Time{}, true
+	}
 }
 
-// disown ends an ownership of lv: its actions in the heap are dropped
-// (the next owner reads them again), and, unless the lease was lost, the
-// cursor is committed.
-func (d *delayer) disown(lv *level, lease Lease) {
+// disownAll ends the ownership of every level: their actions in the heap
+// are dropped (the next owner reads them again), and, unless the lease
+// was lost, their cursors are committed.
+func (d *delayer) disownAll(levels [delayLevels]*level, lease Lease) {
 	select {
 	case <-lease.Lost():
 	default:
-		d.commit(lv)
-	}
-	d.mu.Lock()
-	lv.owned = false
-	lv.epoch++
-	kept := d.due[:0]
-	for _, a := range d.due {
-		if a.lv != lv {
-			kept = append(kept, a)
+		for _, lv := range levels {
+			d.commit(lv)
 		}
 	}
-	clear(d.due[len(kept):])
-	d.due = kept
-	heap.Init(&d.due)
+	d.mu.Lock()
+	for _, lv := range levels {
+		lv.owned = false
+		lv.epoch++
+	}
+	clear(d.due)
+	d.due = d.due[:0]
 	d.mu.Unlock()
 	d.signal()
 }
@@ -172,7 +183,7 @@ func (d *delayer) readLoop(ctx context.Context, lv *level) {
 				d.mu.Unlock()
 				continue
 			}
-			d.fail("read", lv, err)
+			d.fail("read "+lv.t.meta.Name, err)
 			continue
 		}
 		for i, msg := range buf[:n] {
@@ -287,23 +298,23 @@ func (d *delayer) signal() {
 // further than any owned level's front (so that actions run in the order
 // of their times, across levels, even when a mover lags). A level waiting
 // for more messages is checked: if it has read everything, nothing it
-// will read acts before the time of the check. d.mu is held.
+// will read acts before now, the clock reading taken before the check (a
+// write the check does not see reads the clock under the level's write
+// lock after the check let it go). One reading serves every level: the
+// owner checks all of them, most often empty. d.mu is held.
 func (d *delayer) limit(now time.Time) time.Time {
 	lim := now
 	for _, lv := range d.levels {
-		if lv == nil || !lv.owned && !lv.starting || !lv.front.Before(lim) {
+		if lv == nil || !lv.owned || !lv.front.Before(lim) {
 			continue
 		}
 		if lv.idle {
 			lv.wmu.Lock()
-			t := d.clock.Now()
 			_, next := lv.queue.Offsets()
 			lv.wmu.Unlock()
 			if lv.read >= next {
-				lv.front = t
-				if !t.Before(lim) {
-					continue
-				}
+				lv.front = now
+				continue
 			}
 		}
 		lim = lv.front

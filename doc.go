@@ -92,7 +92,10 @@
 // earlier than that (on the broker's [Clock]) and shortly after; it
 // waits in internal topics ("%DELAY%<n>", see [IsDelayTopic]), so it is as
 // durable as the storage, and memory does not grow with the number
-// waiting. A key's messages with ordered due times arrive in that order.
+// waiting. A key's messages with ordered due times arrive in that order,
+// whichever broker sent them: over a shared storage, one broker at a time
+// moves every delayed message (the others wait to take over when it closes
+// or dies).
 // Topics whose names start with '%' are the library's ([IsSystemTopic]):
 // users read and consume them, but creating, writing, growing or deleting
 // one is [ErrInvalidTopic], and their retention never drops a message.
