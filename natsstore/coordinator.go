@@ -19,7 +19,9 @@ import (
 // Coordinator is a [ferry.Coordinator] over two KV buckets whose entries
 // live for the TTL (see [WithTTL]): "<prefix>_members", a key per member
 // of a group, put again every TTL/3 (a heartbeat, compare-and-set on its
-// revision) and watched by every session of the group; and
+// revision) and watched by every session of the group (and read from the
+// bucket's leader while a session's watch falls behind its own
+// heartbeats, as it does when the server serving it is stopped); and
 // "<prefix>_locks", a key per locked (group, queue), made with a create
 // (it fails while the key exists), renewed every TTL/3 by compare-and-set
 // and released by a delete checked against the holder's revision. A
@@ -165,7 +167,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		c.takeBack(c.members, s.key, s.nonce)
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
 	}
-	s.rev = rev
+	s.rev, s.wroteAt = rev, time.Now()
 	wctx, wcancel := context.WithCancel(context.Background())
 	w, err := c.members.Watch(wctx, s.prefix+".*")
 	if err != nil {
@@ -173,7 +175,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		c.takeBack(c.members, s.key, s.nonce)
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s: watch", g), Err: err}
 	}
-	set := map[string]bool{}
+	v := &memberView{set: map[string]bool{}}
 	for initial := true; initial; {
 		select {
 		case e := <-w.Updates():
@@ -181,7 +183,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 				initial = false
 				break
 			}
-			s.apply(set, e)
+			v.apply(e)
 		case <-ctx.Done():
 			stopWatcher(w, c.cfg.opTimeout)
 			wcancel()
@@ -189,8 +191,8 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ctx.Err()}
 		}
 	}
-	set[member] = true // it was created before the watch started
-	s.publish(set)
+	v.set[member] = true // it was created before the watch started
+	s.publish(v.set)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -199,10 +201,11 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		c.takeBack(c.members, s.key, s.nonce)
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ferry.ErrClosed}
 	}
+	s.life, s.kill = context.WithCancel(context.Background())
 	c.sessions[s] = struct{}{}
 	c.mu.Unlock()
 	s.wg.Go(func() { s.heartbeat(start) })
-	s.wg.Go(func() { s.watch(set, w, wcancel) })
+	s.wg.Go(func() { s.watch(v, w, wcancel) })
 	return s, nil
 }
 
@@ -244,7 +247,7 @@ func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, 
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
-	es, err := leaderLive(ctx, c.js, c.members, groupPrefix(g)+".*")
+	es, _, err := leaderLive(ctx, c.js, c.members, groupPrefix(g)+".*")
 	if err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
 	}
@@ -314,11 +317,16 @@ type session struct {
 	stop    chan struct{} // closed first: stops its goroutines and waiting Locks
 	members atomic.Pointer[[]string]
 	wg      sync.WaitGroup // heartbeat, watch and every lease's renewal
+	// life ends when the session stops (with stop): it bounds the
+	// watch's reads of the bucket's leader (see watch).
+	life context.Context
+	kill context.CancelFunc
 
-	mu     sync.Mutex // guards rev, ended and leases
-	rev    uint64     // of the member key
-	ended  bool
-	leases map[int]*lease
+	mu      sync.Mutex // guards rev, wroteAt, ended and leases
+	rev     uint64     // of the member key
+	wroteAt time.Time  // when rev was known written
+	ended   bool
+	leases  map[int]*lease
 }
 
 func (s *session) Changed() <-chan struct{} { return s.changed }
@@ -329,55 +337,6 @@ func (s *session) Members() []string {
 		return slices.Clone(*p)
 	}
 	return nil
-}
-
-func (s *session) apply(set map[string]bool, e jetstream.KeyValueEntry) {
-	m, ok := memberOf(e.Key())
-	if !ok {
-		return
-	}
-	if e.Operation() == jetstream.KeyValuePut {
-		set[m] = true
-	} else {
-		delete(set, m)
-	}
-}
-
-func (s *session) publish(set map[string]bool) {
-	ms := make([]string, 0, len(set))
-	for m := range set {
-		ms = append(ms, m)
-	}
-	slices.Sort(ms)
-	s.members.Store(&ms)
-	signal(s.changed)
-}
-
-// watch follows the group's member keys until the session ends; the
-// deletion or expiry of its own key ends it.
-func (s *session) watch(set map[string]bool, w jetstream.KeyWatcher, cancel context.CancelFunc) {
-	defer cancel()
-	defer stopWatcher(w, s.c.cfg.opTimeout)
-	for {
-		select {
-		case <-s.stop:
-			return
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if e == nil {
-				continue
-			}
-			s.apply(set, e)
-			if e.Key() == s.key && e.Operation() != jetstream.KeyValuePut {
-				s.publish(set)
-				s.wg.Go(func() { _ = s.end(context.Background(), true) }) // end waits for leases, not for this goroutine
-				return
-			}
-			s.publish(set)
-		}
-	}
 }
 
 // heartbeat renews the member key every TTL/3; the session is lost at
@@ -413,7 +372,7 @@ func (s *session) heartbeat(start time.Time) {
 		switch {
 		case err == nil:
 			s.mu.Lock()
-			s.rev = nrev
+			s.rev, s.wroteAt = nrev, time.Now()
 			s.mu.Unlock()
 			last, unknown = start, time.Time{}
 			deadline.Reset(time.Until(start.Add(life)))
@@ -421,7 +380,7 @@ func (s *session) heartbeat(start time.Time) {
 			switch nrev, st := s.c.applied(s.c.members, s.key, string(s.nonce), rev, last.Add(life)); st {
 			case renewApplied:
 				s.mu.Lock()
-				s.rev = nrev
+				s.rev, s.wroteAt = nrev, time.Now()
 				s.mu.Unlock()
 				// The try applied began no earlier than the first one
 				// since the last success.
@@ -457,6 +416,7 @@ func (s *session) stopping() (leases []*lease, rev uint64, ok bool) {
 	}
 	s.ended = true
 	close(s.stop)
+	s.kill()
 	for _, l := range s.leases {
 		leases = append(leases, l)
 	}

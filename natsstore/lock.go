@@ -84,8 +84,14 @@ func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
 type keyView struct{ known, live bool }
 
 // awaitFree waits until the watched lock key is deleted, expires or is
-// seen absent; and at most a TTL, as a safety net. v is what the watch
-// told the calls before, for one Lock.
+// seen absent; and at most TTL/3, as a safety net: the watch is an
+// ordered consumer served by one server, and a server stopped without
+// closing its connections leaves it silent for as long (see
+// session.watch), so the next create, answered by the bucket's leader,
+// tells within TTL/3 of the key's expiry that it is free. (With a TTL
+// of safety net, a Lock whose watch was on a stopped server took its
+// queue a TTL late.) v is what the watch told the calls before, for one
+// Lock.
 //
 // A create refused right after the watch saw the key deleted is no sign
 // that anyone took it: the bucket's leader refuses a write of a key
@@ -96,7 +102,7 @@ type keyView struct{ known, live bool }
 // next create is tried after retryBackoff, unless the watch shows the key
 // taken first.
 func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher, v *keyView) error {
-	safety := time.NewTimer(s.c.cfg.ttl)
+	safety := time.NewTimer(s.c.cfg.ttl / 3)
 	defer safety.Stop()
 	var again <-chan time.Time
 	if v.known && !v.live {
