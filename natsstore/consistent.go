@@ -43,22 +43,23 @@ func leaderReads(ctx context.Context, js jetstream.JetStream, c config, kv jetst
 
 // leaderKeys returns the keys of kv matching filter that hold a message
 // (a value, or a delete, purge or expiry marker), as the bucket's leader
-// has them: a stream info is answered by the leader.
-func leaderKeys(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]string, error) {
+// has them: a stream info is answered by the leader. last is the
+// bucket's last revision as of that listing.
+func leaderKeys(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) (keys []string, last uint64, err error) {
 	st, err := js.Stream(ctx, "KV_"+kv.Bucket())
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	pre := "$KV." + kv.Bucket() + "."
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(pre+filter))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	keys := make([]string, 0, len(info.State.Subjects))
+	keys = make([]string, 0, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
 		keys = append(keys, strings.TrimPrefix(subj, pre))
 	}
-	return keys, nil
+	return keys, info.State.LastSeq, nil
 }
 
 // liveEntries returns the live entries of kv whose keys match filter, as
@@ -66,7 +67,7 @@ func leaderKeys(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVal
 // gets off: see leaderReads); for a bucket with direct gets, see
 // leaderLive.
 func liveEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]jetstream.KeyValueEntry, error) {
-	keys, err := leaderKeys(ctx, js, kv, filter)
+	keys, _, err := leaderKeys(ctx, js, kv, filter)
 	if err != nil {
 		return nil, err
 	}
@@ -109,14 +110,15 @@ type leaderEntry struct {
 // the bucket's leader has them, whatever the bucket's direct gets: both
 // the listing and the gets are answered by the leader, so it sees every
 // write the leader acknowledged. (A direct get, and a watch's consumer,
-// may be served by a follower that lags.)
-func leaderLive(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) ([]leaderEntry, error) {
-	keys, err := leaderKeys(ctx, js, kv, filter)
+// may be served by a follower that lags.) last is the bucket's last
+// revision as of the listing: the entries tell every write up to it.
+func leaderLive(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filter string) (live []leaderEntry, last uint64, err error) {
+	keys, last, err := leaderKeys(ctx, js, kv, filter)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	out := make([]leaderEntry, len(keys))
-	live := make([]bool, len(keys))
+	isLive := make([]bool, len(keys))
 	errs := make([]error, len(keys))
 	sem := make(chan struct{}, 32)
 	var wg sync.WaitGroup
@@ -124,21 +126,21 @@ func leaderLive(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVal
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			out[i], live[i], errs[i] = leaderLast(ctx, js, kv, k)
+			out[i], isLive[i], errs[i] = leaderLast(ctx, js, kv, k)
 		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	n := 0
 	for i, e := range out {
-		if live[i] {
+		if isLive[i] {
 			out[n] = e
 			n++
 		}
 	}
-	return out[:n], nil
+	return out[:n], last, nil
 }
 
 // leaderLast reads key of kv from the bucket's leader (a stream message

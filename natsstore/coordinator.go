@@ -1,7 +1,6 @@
 package natsstore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,7 +19,9 @@ import (
 // Coordinator is a [ferry.Coordinator] over two KV buckets whose entries
 // live for the TTL (see [WithTTL]): "<prefix>_members", a key per member
 // of a group, put again every TTL/3 (a heartbeat, compare-and-set on its
-// revision) and watched by every session of the group; and
+// revision) and watched by every session of the group (and read from the
+// bucket's leader while a session's watch falls behind its own
+// heartbeats, as it does when the server serving it is stopped); and
 // "<prefix>_locks", a key per locked (group, queue), made with a create
 // (it fails while the key exists), renewed every TTL/3 by compare-and-set
 // and released by a delete checked against the holder's revision. A
@@ -166,7 +167,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		c.takeBack(c.members, s.key, s.nonce)
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: err}
 	}
-	s.rev = rev
+	s.rev, s.wroteAt = rev, time.Now()
 	wctx, wcancel := context.WithCancel(context.Background())
 	w, err := c.members.Watch(wctx, s.prefix+".*")
 	if err != nil {
@@ -174,7 +175,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		c.takeBack(c.members, s.key, s.nonce)
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s: watch", g), Err: err}
 	}
-	set := map[string]bool{}
+	v := &memberView{set: map[string]bool{}}
 	for initial := true; initial; {
 		select {
 		case e := <-w.Updates():
@@ -182,7 +183,7 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 				initial = false
 				break
 			}
-			s.apply(set, e)
+			v.apply(e)
 		case <-ctx.Done():
 			stopWatcher(w, c.cfg.opTimeout)
 			wcancel()
@@ -190,8 +191,8 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ctx.Err()}
 		}
 	}
-	set[member] = true // it was created before the watch started
-	s.publish(set)
+	v.set[member] = true // it was created before the watch started
+	s.publish(v.set)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -200,10 +201,11 @@ func (c *Coordinator) Join(ctx context.Context, g ferry.GroupKey, member string)
 		c.takeBack(c.members, s.key, s.nonce)
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: join %s", g), Err: ferry.ErrClosed}
 	}
+	s.life, s.kill = context.WithCancel(context.Background())
 	c.sessions[s] = struct{}{}
 	c.mu.Unlock()
 	s.wg.Go(func() { s.heartbeat(start) })
-	s.wg.Go(func() { s.watch(set, w, wcancel) })
+	s.wg.Go(func() { s.watch(v, w, wcancel) })
 	return s, nil
 }
 
@@ -228,198 +230,6 @@ func stopWatcher(w jetstream.KeyWatcher, bound time.Duration) {
 	}
 }
 
-// deleteOwn deletes key if it holds value (a key this session created
-// though its create seemed to fail), and reports whether it did.
-func (c *Coordinator) deleteOwn(kv jetstream.KeyValue, key string, value []byte) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.opTimeout)
-	defer cancel()
-	return deleteOwn(ctx, kv, key, value)
-}
-
-func deleteOwn(ctx context.Context, kv jetstream.KeyValue, key string, value []byte) bool {
-	e, err := kv.Get(ctx, key)
-	if err != nil || !bytes.Equal(e.Value(), value) {
-		return false
-	}
-	return kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())) == nil
-}
-
-// takeBack undoes a create of key with value whose outcome is unknown (it
-// failed with a timeout or a cancelled ctx, and may have been applied or
-// be still on its way), or of a key made but then given up. A read cannot
-// tell: it may run before the create lands. A second create can: the
-// bucket's stream applies this connection's writes in order, so by the
-// time the second is answered the first has landed or never will. If the
-// second one succeeds, the first did not (and the key just made is
-// deleted); if the key exists and holds value, the first did (and it is
-// deleted). When no server answers (a partition), it goes on in the
-// background (see undo).
-func (c *Coordinator) takeBack(kv jetstream.KeyValue, key string, value []byte) {
-	c.undo(kv, key, func(ctx context.Context) bool { return takeBackTry(ctx, c.js, kv, key, value) })
-}
-
-// takeBackTry is one try of takeBack: false if it was not answered.
-func takeBackTry(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, value []byte) bool {
-	rev, err := kv.Create(ctx, key, value)
-	switch {
-	case err == nil:
-		err = kv.Delete(ctx, key, jetstream.LastRevision(rev))
-		return err == nil || !unanswered(err) // a mismatch: someone else's write since
-	case errors.Is(err, jetstream.ErrKeyExists):
-		e, ok, err := leaderLast(ctx, js, kv, key) // a follower's read may be behind the create
-		switch {
-		case err != nil:
-			return !unanswered(err)
-		case !ok || !bytes.Equal(e.value, value):
-			return true // gone, or another session's
-		}
-		err = kv.Delete(ctx, key, jetstream.LastRevision(e.rev))
-		return err == nil || !unanswered(err) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch)
-	}
-	return !unanswered(err)
-}
-
-// undoKey names a key that an undoing is for.
-type undoKey struct{ bucket, key string }
-
-// undoing is a write this coordinator gave up and undoes: try, until it
-// reports done (it was answered).
-type undoing struct {
-	mu   sync.Mutex // held during a try
-	try  func(context.Context) bool
-	done bool
-}
-
-// undo makes sure a key this coordinator made, or may have made, and
-// gave up (a create timed out, a session or lease ended) does not
-// outlive the give-up holding a member ID or a queue's lock that nobody
-// renews: try is tried at once, and while it goes unanswered, again
-// every retryBackoff in the background, each try bounded by the op
-// timeout, until one is answered or Close begins. The servers may be
-// out of reach behind a partition that holds the writes sent into it
-// and delivers them at the heal, a join's create or a renewal after its
-// session was given up among them; such a key, landed at the heal, held
-// the member's ID and a share of the group's queues for a whole TTL
-// (issue 30: a join that timed out in a 3 × TTL partition came back as
-// a ghost member, and the group handed it queues). A try goes out only
-// after the one before was given up, on the same connection, so the
-// first try answered after the heal sees every write sent before it
-// applied. A Join or Lock refused because the key exists runs the key's
-// undoings at once (undoNow).
-func (c *Coordinator) undo(kv jetstream.KeyValue, key string, try func(context.Context) bool) {
-	u := &undoing{try: try}
-	if c.undoTry(u) {
-		return
-	}
-	k := undoKey{kv.Bucket(), key}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return
-	}
-	c.undoing[k] = append(c.undoing[k], u)
-	c.bg.Go(func() {
-		defer c.undone(k, u)
-		for !c.undoTry(u) {
-			select {
-			case <-time.After(retryBackoff):
-			case <-c.life.Done():
-				return
-			}
-		}
-	})
-}
-
-// undoTry tries u once, unless it is done; it reports whether u is done.
-func (c *Coordinator) undoTry(u *undoing) bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if !u.done && c.life.Err() == nil {
-		ctx, cancel := context.WithTimeout(c.life, c.cfg.opTimeout)
-		u.done = u.try(ctx)
-		cancel()
-	}
-	return u.done || c.life.Err() != nil
-}
-
-func (c *Coordinator) undone(k undoKey, u *undoing) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.undoing[k] = slices.DeleteFunc(c.undoing[k], func(x *undoing) bool { return x == u })
-	if len(c.undoing[k]) == 0 {
-		delete(c.undoing, k)
-	}
-}
-
-// undoNow tries the undoings of key at once, and reports whether any of
-// them was done now: a create refused because the key exists may then
-// succeed.
-func (c *Coordinator) undoNow(kv jetstream.KeyValue, key string) bool {
-	c.mu.Lock()
-	us := slices.Clone(c.undoing[undoKey{kv.Bucket(), key}])
-	c.mu.Unlock()
-	did := false
-	for _, u := range us {
-		u.mu.Lock()
-		was := u.done
-		u.mu.Unlock()
-		if !was && c.undoTry(u) {
-			did = true
-		}
-	}
-	return did
-}
-
-// release deletes key, which a session made holding value and last
-// renewed, as far as it knows, to revision rev; it returns nil once the
-// bucket's leader has the key deleted, gone or someone else's. The
-// renewal the session knows of may not be the last: one in flight when
-// the session stopped, or one whose reply was lost, may have landed
-// after it, and one still in flight makes a replicated bucket refuse
-// any other write of the key. (A delete refused so left the key until
-// its TTL: the member listed, the lock held.) So a delete refused for its revision reads the key from the leader and
-// deletes it at the revision found while it holds value, after a pause
-// when the revision is the one refused (a write of it still in flight).
-// A delete no server answered is tried again. ctx bounds it all.
-func (c *Coordinator) release(ctx context.Context, kv jetstream.KeyValue, key string, value []byte, rev uint64) error {
-	for {
-		err := kv.Delete(ctx, key, jetstream.LastRevision(rev))
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
-			e, ok, lerr := leaderLast(ctx, c.js, kv, key)
-			if lerr != nil {
-				return lerr
-			}
-			if !ok || !bytes.Equal(e.value, value) {
-				return nil // deleted, expired, or another session's
-			}
-			if e.rev != rev {
-				rev = e.rev
-				continue
-			}
-		case !unanswered(err) || ctx.Err() != nil:
-			return err
-		}
-		select {
-		case <-time.After(retryBackoff):
-		case <-ctx.Done():
-			return err
-		}
-	}
-}
-
-// undoRelease goes on with a release no server answered, in the
-// background (see undo): a renewal held in a partition would otherwise
-// keep the key a TTL past the heal.
-func (c *Coordinator) undoRelease(kv jetstream.KeyValue, key string, value []byte, rev uint64) {
-	c.undo(kv, key, func(ctx context.Context) bool {
-		err := c.release(ctx, kv, key, value, rev)
-		return err == nil || !unanswered(err)
-	})
-}
-
 // Members implements [ferry.Coordinator]: it asks the members bucket's
 // leader (see [Coordinator]), a stream info and a get per key.
 func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, error) {
@@ -437,7 +247,7 @@ func (c *Coordinator) Members(ctx context.Context, g ferry.GroupKey) ([]string, 
 	}
 	ctx, cancel := c.cfg.bound(ctx)
 	defer cancel()
-	es, err := leaderLive(ctx, c.js, c.members, groupPrefix(g)+".*")
+	es, _, err := leaderLive(ctx, c.js, c.members, groupPrefix(g)+".*")
 	if err != nil {
 		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: members of %s", g), Err: err}
 	}
@@ -507,11 +317,16 @@ type session struct {
 	stop    chan struct{} // closed first: stops its goroutines and waiting Locks
 	members atomic.Pointer[[]string]
 	wg      sync.WaitGroup // heartbeat, watch and every lease's renewal
+	// life ends when the session stops (with stop): it bounds the
+	// watch's reads of the bucket's leader (see watch).
+	life context.Context
+	kill context.CancelFunc
 
-	mu     sync.Mutex // guards rev, ended and leases
-	rev    uint64     // of the member key
-	ended  bool
-	leases map[int]*lease
+	mu      sync.Mutex // guards rev, wroteAt, ended and leases
+	rev     uint64     // of the member key
+	wroteAt time.Time  // when rev was known written
+	ended   bool
+	leases  map[int]*lease
 }
 
 func (s *session) Changed() <-chan struct{} { return s.changed }
@@ -522,55 +337,6 @@ func (s *session) Members() []string {
 		return slices.Clone(*p)
 	}
 	return nil
-}
-
-func (s *session) apply(set map[string]bool, e jetstream.KeyValueEntry) {
-	m, ok := memberOf(e.Key())
-	if !ok {
-		return
-	}
-	if e.Operation() == jetstream.KeyValuePut {
-		set[m] = true
-	} else {
-		delete(set, m)
-	}
-}
-
-func (s *session) publish(set map[string]bool) {
-	ms := make([]string, 0, len(set))
-	for m := range set {
-		ms = append(ms, m)
-	}
-	slices.Sort(ms)
-	s.members.Store(&ms)
-	signal(s.changed)
-}
-
-// watch follows the group's member keys until the session ends; the
-// deletion or expiry of its own key ends it.
-func (s *session) watch(set map[string]bool, w jetstream.KeyWatcher, cancel context.CancelFunc) {
-	defer cancel()
-	defer stopWatcher(w, s.c.cfg.opTimeout)
-	for {
-		select {
-		case <-s.stop:
-			return
-		case e, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if e == nil {
-				continue
-			}
-			s.apply(set, e)
-			if e.Key() == s.key && e.Operation() != jetstream.KeyValuePut {
-				s.publish(set)
-				s.wg.Go(func() { _ = s.end(context.Background(), true) }) // end waits for leases, not for this goroutine
-				return
-			}
-			s.publish(set)
-		}
-	}
 }
 
 // heartbeat renews the member key every TTL/3; the session is lost at
@@ -606,7 +372,7 @@ func (s *session) heartbeat(start time.Time) {
 		switch {
 		case err == nil:
 			s.mu.Lock()
-			s.rev = nrev
+			s.rev, s.wroteAt = nrev, time.Now()
 			s.mu.Unlock()
 			last, unknown = start, time.Time{}
 			deadline.Reset(time.Until(start.Add(life)))
@@ -614,7 +380,7 @@ func (s *session) heartbeat(start time.Time) {
 			switch nrev, st := s.c.applied(s.c.members, s.key, string(s.nonce), rev, last.Add(life)); st {
 			case renewApplied:
 				s.mu.Lock()
-				s.rev = nrev
+				s.rev, s.wroteAt = nrev, time.Now()
 				s.mu.Unlock()
 				// The try applied began no earlier than the first one
 				// since the last success.
@@ -650,6 +416,7 @@ func (s *session) stopping() (leases []*lease, rev uint64, ok bool) {
 	}
 	s.ended = true
 	close(s.stop)
+	s.kill()
 	for _, l := range s.leases {
 		leases = append(leases, l)
 	}
@@ -699,322 +466,4 @@ func (s *session) Leave(ctx context.Context) error {
 		return &ferry.Error{Op: fmt.Sprintf("natsstore: leave %s", s.g), Err: err}
 	}
 	return nil
-}
-
-func (s *session) lockKey(q int) string { return s.prefix + "." + strconv.Itoa(q) }
-
-// Lock implements [ferry.Session]: a KV create of the lock key; while it
-// exists, a watch of the key wakes the waiter on its deletion or expiry.
-func (s *session) Lock(ctx context.Context, q int) (ferry.Lease, error) {
-	if err := checkContext(ctx); err != nil {
-		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: err}
-	}
-	if q < 0 || q >= ferry.MaxQueues {
-		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: fmt.Errorf("%w: out of range", ferry.ErrInvalidOption)}
-	}
-	expired := func() error {
-		return &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ferry.ErrSessionExpired}
-	}
-	select {
-	case <-s.stop:
-		return nil, expired()
-	default:
-	}
-	key := s.lockKey(q)
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
-	var w jetstream.KeyWatcher
-	var view keyView // what w has told
-	defer func() {
-		if w != nil {
-			stopWatcher(w, s.c.cfg.opTimeout)
-		}
-	}()
-	for {
-		start := time.Now()
-		octx, ocancel := s.c.cfg.bound(ctx)
-		rev, err := s.c.locks.Create(octx, key, s.nonce)
-		ocancel()
-		if err == nil {
-			return s.granted(q, key, rev, start)
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) && (s.c.deleteOwn(s.c.locks, key, s.nonce) || s.c.undoNow(s.c.locks, key)) {
-			continue // our own, from a create whose reply was lost, or one this coordinator gave up: free now
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			select { // a passing failure: try again shortly (the next create tells whether this one landed)
-			case <-time.After(retryBackoff):
-			case <-s.stop:
-				s.c.takeBack(s.c.locks, key, s.nonce)
-				return nil, expired()
-			case <-ctx.Done():
-				s.c.takeBack(s.c.locks, key, s.nonce)
-				return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ctx.Err()}
-			}
-			continue
-		}
-		if w == nil {
-			if w, err = s.c.locks.Watch(wctx, key); err != nil {
-				w = nil
-				continue
-			}
-		}
-		if err := s.awaitFree(ctx, w, &view); err != nil {
-			if errors.Is(err, ferry.ErrSessionExpired) {
-				return nil, expired()
-			}
-			return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: err}
-		}
-	}
-}
-
-// keyView is what a lock key's watch has told so far: whether its
-// initial values are in (known) and whether the key holds a value.
-type keyView struct{ known, live bool }
-
-// awaitFree waits until the watched lock key is deleted, expires or is
-// seen absent; and at most a TTL, as a safety net. v is what the watch
-// told the calls before, for one Lock.
-//
-// A create refused right after the watch saw the key deleted is no sign
-// that anyone took it: the bucket's leader refuses a write of a key
-// while the delete is still being applied, and the create's read of a
-// deleted key may be served by a follower behind (seen: a Lock woken by
-// the delete was refused and waited for the TTL on a watch that had
-// nothing more to say). So while the watch says the key is free, the
-// next create is tried after retryBackoff, unless the watch shows the key
-// taken first.
-func (s *session) awaitFree(ctx context.Context, w jetstream.KeyWatcher, v *keyView) error {
-	safety := time.NewTimer(s.c.cfg.ttl)
-	defer safety.Stop()
-	var again <-chan time.Time
-	if v.known && !v.live {
-		t := time.NewTimer(retryBackoff)
-		defer t.Stop()
-		again = t.C
-	}
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			switch {
-			case !ok:
-				return nil
-			case e == nil:
-				v.known = true
-				if !v.live {
-					return nil
-				}
-			case e.Operation() == jetstream.KeyValuePut:
-				v.live, again = true, nil
-			default:
-				v.live = false
-				return nil
-			}
-		case <-again:
-			return nil
-		case <-safety.C:
-			return nil
-		case <-s.stop:
-			return ferry.ErrSessionExpired
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-// granted registers a lease of a created lock key and starts its renewal.
-func (s *session) granted(q int, key string, rev uint64, start time.Time) (ferry.Lease, error) {
-	l := &lease{s: s, q: q, key: key, token: rev, rev: rev, lost: make(chan struct{}), stop: make(chan struct{}), exited: make(chan struct{})}
-	l.until.Store(start.Add(time.Duration(float64(s.c.cfg.ttl) * s.c.cfg.safety)).UnixNano())
-	s.mu.Lock()
-	if s.ended {
-		s.mu.Unlock()
-		s.c.takeBack(s.c.locks, key, s.nonce)
-		return nil, &ferry.Error{Op: fmt.Sprintf("natsstore: lock %s queue %d", s.g, q), Err: ferry.ErrSessionExpired}
-	}
-	s.leases[q] = l
-	s.wg.Go(func() { l.renew(start) })
-	s.mu.Unlock()
-	return l, nil
-}
-
-// lease is the holding of one lock key.
-type lease struct {
-	s      *session
-	q      int
-	key    string
-	token  uint64
-	lost   chan struct{}
-	stop   chan struct{} // closed when given up: stops renew
-	exited chan struct{} // closed when renew returned
-
-	rev  uint64 // guarded by s.mu
-	gone bool   // guarded by s.mu
-	// until is when the lease counts itself lost (Unix ns): the start of
-	// its last successful renewal + safety × TTL, as its lost timer.
-	until atomic.Int64
-}
-
-var _ ferry.DeadlineLease = (*lease)(nil)
-
-func (l *lease) Token() uint64         { return l.token }
-func (l *lease) Lost() <-chan struct{} { return l.lost }
-
-// Deadline implements [ferry.DeadlineLease]: the moment the lease's own
-// timer counts it lost, so a member paused past it starts nothing more
-// even before that timer has run.
-func (l *lease) Deadline() (time.Time, bool) { return time.Unix(0, l.until.Load()), true }
-
-// Release implements [ferry.Lease]: a delete checked against the lease's
-// revision, so it never frees a lock someone else holds now.
-func (l *lease) Release(ctx context.Context) error {
-	if err := checkContext(ctx); err != nil {
-		return &ferry.Error{Op: fmt.Sprintf("natsstore: release %s queue %d", l.s.g, l.q), Err: err}
-	}
-	l.give(false)
-	return nil
-}
-
-// give gives the lease up: it stops renewal, closes Lost when lost, and
-// deletes the key if it is still the lease's. Called once per lease with
-// effect; not from renew.
-func (l *lease) give(lost bool) {
-	s := l.s
-	s.mu.Lock()
-	if l.gone {
-		s.mu.Unlock()
-		return
-	}
-	l.gone = true
-	if s.leases[l.q] == l {
-		delete(s.leases, l.q)
-	}
-	close(l.stop)
-	if lost {
-		close(l.lost)
-	}
-	s.mu.Unlock()
-	<-l.exited
-	s.mu.Lock()
-	rev := l.rev
-	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), s.c.cfg.opTimeout)
-	defer cancel()
-	if err := s.c.release(ctx, s.c.locks, l.key, s.nonce, rev); err != nil && unanswered(err) {
-		s.c.undoRelease(s.c.locks, l.key, s.nonce, rev)
-	}
-}
-
-// renew renews the lock key every TTL/3. The lease is lost by a timer of
-// its own, at the start of its last successful renewal + safety × TTL,
-// whatever a renewal in flight is doing (a check in this loop would come
-// up to a renewal's timeout late, after the server freed the key), or
-// when the key is no longer its own. A lost key is left to expire.
-func (l *lease) renew(start time.Time) {
-	s := l.s
-	cfg := s.c.cfg
-	life := time.Duration(float64(cfg.ttl) * cfg.safety)
-	lostTimer := time.AfterFunc(time.Until(start.Add(life)), l.lose)
-	tick := time.NewTicker(cfg.ttl / 3)
-	var unknown time.Time // the start of the first try since the last success
-	defer func() {
-		lostTimer.Stop()
-		tick.Stop()
-		close(l.exited)
-	}()
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-tick.C:
-		}
-		s.mu.Lock()
-		rev := l.rev
-		s.mu.Unlock()
-		start := time.Now()
-		if unknown.IsZero() {
-			unknown = start
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ttl/3, time.Until(start.Add(life))))
-		nrev, err := s.c.locks.Update(ctx, l.key, s.nonce, rev)
-		cancel()
-		switch {
-		case err == nil:
-			if !lostTimer.Stop() {
-				return // lost meanwhile
-			}
-			s.mu.Lock()
-			l.rev = nrev
-			s.mu.Unlock()
-			l.until.Store(start.Add(life).UnixNano())
-			lostTimer.Reset(time.Until(start.Add(life)))
-			unknown = time.Time{}
-		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound):
-			switch nrev, st := s.c.applied(s.c.locks, l.key, string(s.nonce), rev, start.Add(life)); st {
-			case renewApplied:
-				if !lostTimer.Stop() {
-					return // lost meanwhile
-				}
-				s.mu.Lock()
-				l.rev = nrev
-				s.mu.Unlock()
-				// The try applied began no earlier than the first one
-				// since the last success.
-				l.until.Store(unknown.Add(life).UnixNano())
-				lostTimer.Reset(time.Until(unknown.Add(life)))
-				unknown = time.Time{}
-			case renewRefused:
-				l.lose()
-				return
-			}
-		}
-	}
-}
-
-// lose marks the lease lost: Lost closed, renewal stopped. It only
-// closes channels, so a timer may call it.
-func (l *lease) lose() {
-	s := l.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if l.gone {
-		return
-	}
-	l.gone = true
-	if s.leases[l.q] == l {
-		delete(s.leases, l.q)
-	}
-	close(l.stop)
-	close(l.lost)
-}
-
-// renewOutcome is what a renewal refused for its revision turns out to be.
-type renewOutcome int
-
-const (
-	renewUnknown renewOutcome = iota // could not tell: try again at the next tick
-	renewApplied                     // an earlier try was applied after all
-	renewRefused                     // the key is gone or someone else's
-)
-
-// applied looks at key after an update with revision rev was refused for
-// its revision. An earlier try whose reply was lost (its server died
-// after applying it) leaves the key holding member at a later revision:
-// that revision is returned, to renew from. A key that is gone or holds
-// another value (another session's: the value is the session's nonce) is
-// refused. The look is bounded by until (the caller's
-// safety deadline) and the op timeout.
-func (c *Coordinator) applied(kv jetstream.KeyValue, key, value string, rev uint64, until time.Time) (uint64, renewOutcome) {
-	ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.opTimeout, time.Until(until)))
-	defer cancel()
-	e, err := kv.Get(ctx, key)
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
-		return 0, renewRefused
-	case err != nil:
-		return 0, renewUnknown
-	case string(e.Value()) == value && e.Revision() > rev:
-		return e.Revision(), renewApplied
-	}
-	return 0, renewRefused
 }
