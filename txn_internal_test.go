@@ -65,8 +65,12 @@ func TestTxnStaleWriterFenced(t *testing.T) {
 
 	out, err := b.topic("out")
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { _, next := out.queues[0].Offsets(); return next >= 1 }, 5*time.Second, time.Millisecond)
-	time.Sleep(50 * time.Millisecond) // time for a wrong second output to show
+	require.Eventually(t, func() bool { // the second call finished: its outputs, and any wrong one, are written
+		lag, err := b.Lag(ctx, "g", "in")
+		mu.Lock()
+		defer mu.Unlock()
+		return calls == 2 && err == nil && lag.Lag == 0
+	}, 5*time.Second, time.Millisecond)
 	dst := make([]*EnhancedMessage, 4)
 	n, err := out.queues[0].Read(ctx, 0, dst)
 	require.NoError(t, err)

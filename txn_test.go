@@ -33,12 +33,13 @@ func drainTopic(t *testing.T, b *ferry.Broker, topic string, want int) map[strin
 	}), ferry.WithRetry(1, 0))
 	require.NoError(t, err)
 	require.NoError(t, c.Start(ctx))
-	require.Eventually(t, func() bool {
+	require.Eventually(t, func() bool { // everything stored was read, extra ones included
 		mu.Lock()
-		defer mu.Unlock()
-		return n >= want
+		read := n
+		mu.Unlock()
+		lag, err := b.Lag(ctx, "reader-"+topic, topic)
+		return read >= want && err == nil && lag.Lag == 0
 	}, 10*time.Second, time.Millisecond, "outputs in %s", topic)
-	time.Sleep(20 * time.Millisecond) // time for any extra one to show
 	require.NoError(t, c.Close())
 	mu.Lock()
 	defer mu.Unlock()
