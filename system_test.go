@@ -263,11 +263,15 @@ func TestFullTargetStallsNoOtherDelay(t *testing.T) {
 	defer p.Close()
 	_, err = p.Send(ctx, &ferry.Message{Topic: "full", Body: []byte("fills it")})
 	require.NoError(t, err)
+	// Due far enough ahead that a loaded machine still places them in a
+	// level: one due already at its Send goes straight to the full topic
+	// and blocks like any Send to it.
+	due := time.Now().Add(300 * time.Millisecond)
 	for i := range 3 {
-		_, err = p.Send(ctx, &ferry.Message{Topic: "full", Body: []byte{byte('a' + i)}, DeliverAt: time.Now().Add(time.Millisecond)})
+		_, err = p.Send(ctx, &ferry.Message{Topic: "full", Body: []byte{byte('a' + i)}, DeliverAt: due})
 		require.NoError(t, err)
 	}
-	time.Sleep(50 * time.Millisecond) // they are due, and stuck
+	time.Sleep(time.Until(due) + 50*time.Millisecond) // they are due, and stuck
 
 	got := make(chan string, 64)
 	c, err := b.NewConsumer("g", "free", ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {

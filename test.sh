@@ -25,7 +25,7 @@ for dir in "${modules[@]}"; do
 	echo "== module $dir"
 	step "$dir: go vet" bash -c "cd '$dir' && go vet ./..."
 	step "$dir: staticcheck" bash -c "cd '$dir' && go run $staticcheck ./..."
-	step "$dir: go test" bash -c "cd '$dir' && go test -race -count=1 -timeout 20m ./... 2>&1 | grep -v '^?.*\[no test files\]$'; exit \${PIPESTATUS[0]}"
+	step "$dir: go test" bash -c "cd '$dir' && go test -race -count=1 -timeout 10m ./... 2>&1 | grep -v '^?.*\[no test files\]$'; exit \${PIPESTATUS[0]}"
 done
 if [ -f bench/go.mod ]; then
 	echo "== bench quick mode"
