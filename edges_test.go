@@ -362,13 +362,19 @@ func TestPollTimeoutLeavesConsumerRunning(t *testing.T) {
 	holding := make(chan struct{})
 	unblock := make(chan struct{})
 	var once sync.Once
-	// m2 holds the queue with a handler stuck on offset 0.
-	m2 := startConsumer(t, b, "g", ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error {
+	var mu sync.Mutex
+	called := map[int64]bool{}
+	// m2 holds the queue with handlers stuck on the first messages of its
+	// batch (which start first is the scheduler's choice).
+	m2 := startConsumer(t, b, "g", ferry.HandlerFunc(func(_ context.Context, m *ferry.EnhancedMessage) error {
+		mu.Lock()
+		called[m.Offset] = true
+		mu.Unlock()
 		once.Do(func() { close(holding) })
 		<-unblock
 		return errors.New("fails")
 	}), ferry.WithMemberID("m2"), ferry.WithRetry(2, time.Hour))
-	waitFor(t, holding, "m2 handles offset 0")
+	waitFor(t, holding, "m2 handles its first message")
 
 	pc, err := b.NewPullConsumer("g", "t", ferry.WithMemberID("m1")) // takes the queue from m2
 	require.NoError(t, err)
@@ -388,9 +394,22 @@ func TestPollTimeoutLeavesConsumerRunning(t *testing.T) {
 	msgs, err := pc.Poll(ctx, 10)
 	require.NoError(t, err, "the consumer lives on")
 	require.NotEmpty(t, msgs)
-	// m2's cursor moved past what it handled (all retried off the queue),
-	// and m1 goes on from there.
-	assert.Equal(t, int64(m2.Stats().Retried), msgs[0].Offset)
+	// Every message m2 handled went to the retry topic (its attempt failed
+	// while the queue was still m2's to release), and its cursor moved
+	// past them; the ones it took but had not started went back
+	// unfinished. m1 goes on with exactly those: from the first one m2 did
+	// not handle, none that m2 handled.
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, len(called), int(m2.Stats().Retried), "m2 retried each message it handled")
+	first := int64(0)
+	for called[first] {
+		first++
+	}
+	assert.Equal(t, first, msgs[0].Offset, "m1 starts at the first message m2 did not handle (m2 handled %v)", called)
+	for _, m := range msgs {
+		assert.False(t, called[m.Offset], "offset %d: handled by m2 and delivered to m1", m.Offset)
+	}
 }
 
 // After the drain timeout the old owner starts no more handler calls for
