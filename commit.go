@@ -207,7 +207,7 @@ func (r *queueRun) commitLocked(final bool) error {
 		return &Error{Op: fmt.Sprintf("commit %s at %d", r.id, off), Err: err}
 	}
 	r.committed = off
-	m.lastCommit.Store(time.Now().UnixNano())
+	m.lastCommit.Store(start.Add(took).UnixNano())
 	r.releaseBlocked(off)
 	return nil
 }

@@ -145,10 +145,12 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 			}
 			clear(w.batch[:n])
 		}
-		// Cheap handlers: several ready messages per lock.
+		// Cheap handlers: as many ready messages per lock as take
+		// shareBudget (a worker's batch at most), as a share in
+		// concurrent mode.
 		take := 1
-		if d.measured.Load() && d.cost.Load()*maxAlone <= int64(shareBudget) {
-			take = maxAlone
+		if d.measured.Load() {
+			take = int(max(1, min(int64(len(w.batch)), int64(shareBudget)/max(1, d.cost.Load()))))
 		}
 		todo := w.todo[:0]
 		for len(todo) < take && k.ready.len() > 0 {
@@ -168,6 +170,13 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 			woke = true
 		}
 		stopped := false
+		w.seq++
+		timed := !d.measured.Load() || timeBatch(len(todo), w.seq)
+		var start time.Time
+		if timed {
+			start = time.Now()
+		}
+		calls := 0
 		for i, km := range todo {
 			msg := km.msg
 			if !r.admit() {
@@ -178,27 +187,19 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 				stopped = true
 				break
 			}
-			w.seq++
-			timed := !d.measured.Load() || w.seq%16 == 0
-			var start time.Time
-			if timed {
-				start = time.Now()
-			}
-			done := d.handle(dctx, r, msg, d.firstAttempt(msg))
-			if timed {
-				d.record(time.Since(start), 1)
-			}
-			if !done {
+			calls++
+			if !d.handle(dctx, r, msg, d.firstAttempt(msg)) {
 				continue // in flight (a retry scheduled, its key waiting), or given back
 			}
 			fin = append(fin, msg)
 			if km.slot != nil {
 				freed = append(freed, km.slot)
 			}
-			if len(fin) >= maxAlone {
-				fin = d.finishAll(r, fin)
-			}
 		}
+		if timed && calls > 0 {
+			d.record(time.Since(start), calls)
+		}
+		fin = d.finishAll(r, fin)
 		clear(todo)
 		if stopped {
 			break
