@@ -33,8 +33,9 @@ func BenchmarkOrderedByKey(b *testing.B) {
 				n = min(n, bc.max)
 			}
 			b.ResetTimer()
-			elapsed := drainKeyed(b, n, bc.mode, bc.work)
+			c := drainKeyed(b, n, bc.mode, bc.work)
 			b.StopTimer()
+			elapsed := c.wall
 			b.ReportMetric(float64(n)/elapsed.Seconds(), "msgs/s")
 			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n), "ns/msg")
 		})
@@ -49,15 +50,15 @@ func BenchmarkOrderedByKeyPair(b *testing.B) {
 	const n = 200_000
 	for b.Loop() {
 		pairRatio(b, 7, "OrderedByKey", "Concurrent",
-			func() time.Duration { return drainKeyed(b, n, ferry.OrderedByKey(), 0) },
-			func() time.Duration { return drainKeyed(b, n, nil, 0) })
+			func() cost { return drainKeyed(b, n, ferry.OrderedByKey(), 0) },
+			func() cost { return drainKeyed(b, n, nil, 0) })
 	}
 }
 
 // drainKeyed sends n messages over 1,000 keys to one queue and drains
 // them with 64 workers in mode (nil: concurrent), each handler call
-// taking work; it returns the time from the consumer's start.
-func drainKeyed(b *testing.B, n int, mode ferry.ConsumerOption, work time.Duration) time.Duration {
+// taking work; it returns the cost from the consumer's start.
+func drainKeyed(b *testing.B, n int, mode ferry.ConsumerOption, work time.Duration) cost {
 	ctx := context.Background()
 	br, err := ferry.NewBroker()
 	if err != nil {
@@ -97,12 +98,12 @@ func drainKeyed(b *testing.B, n int, mode ferry.ConsumerOption, work time.Durati
 	if err != nil {
 		b.Fatal(err)
 	}
-	start := time.Now()
+	took := measure()
 	if err := c.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
 	<-all
-	elapsed := time.Since(start)
+	spent := took()
 	_ = c.Close()
-	return elapsed
+	return spent
 }
