@@ -52,6 +52,9 @@ func (e *BatchError) Error() string {
 
 // errOf returns the error of msgs[i] in a batch that returned err.
 func batchErrOf(err error, i int) error {
+	if err == nil {
+		return nil // before errors.As: its target would be allocated for every message
+	}
 	var be *BatchError
 	if errors.As(err, &be) {
 		return be.Failed[i]
