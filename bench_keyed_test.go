@@ -39,6 +39,7 @@ func BenchmarkOrderedByKey(b *testing.B) {
 			elapsed := c.wall
 			b.ReportMetric(float64(n)/elapsed.Seconds(), "msgs/s")
 			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n), "ns/msg")
+			b.ReportMetric(float64(c.cpu.Nanoseconds())/float64(n), "cpu-ns/msg")
 		})
 	}
 }

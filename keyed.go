@@ -139,7 +139,9 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 		clear(freed)
 		freed = freed[:0]
 		if k.ready.len() == 0 && r.admits() {
-			n, _ := r.buf.takeShare(w.batch, m.cfg.concurrency, 1)
+			// A whole batch: what is sorted is ready for every worker
+			// (not this one's, as a share in concurrent mode is).
+			n, _ := r.buf.takeShare(w.batch, 1, 1)
 			for _, msg := range w.batch[:n] {
 				k.sort(msg)
 			}
