@@ -1,6 +1,7 @@
 package ferry
 
 import (
+	"runtime"
 	"strconv"
 	"testing"
 
@@ -40,4 +41,47 @@ func TestKeyedSlotsFollowKeysInFlight(t *testing.T) {
 		k.release(km.slot)
 	}
 	assert.False(t, k.slots["hot"].busy, "free once its last message finished")
+}
+
+// BenchmarkKeyedMemory measures what OrderedByKey holds per key in
+// flight (its slot and map entry, beyond the message itself) and per
+// message waiting behind a busy key: the heap after sorting 100,000
+// messages of distinct keys (each ready, its key busy), then 100,000 more
+// of one busy key (each waiting), against the heap before.
+func BenchmarkKeyedMemory(b *testing.B) {
+	const n = 100_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	var perKey, perWaiting float64
+	for b.Loop() {
+		msgs := make([]EnhancedMessage, 2*n)
+		for i := range n {
+			msgs[i].Key = keys[i]
+			msgs[n+i].Key = "hot"
+		}
+		k := newKeyed()
+		before := heap()
+		for i := range n {
+			k.sort(&msgs[i])
+		}
+		mid := heap()
+		for i := range n {
+			k.sort(&msgs[n+i])
+		}
+		after := heap()
+		perKey = float64(mid-before) / n
+		perWaiting = float64(after-mid) / n
+		runtime.KeepAlive(k)
+		runtime.KeepAlive(msgs)
+	}
+	b.ReportMetric(perKey, "B/key-in-flight")
+	b.ReportMetric(perWaiting, "B/waiting-msg")
 }
