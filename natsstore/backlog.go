@@ -52,6 +52,8 @@ const (
 	backlogPull  = 512                   // the messages one pull request of its consumer asks for
 	backlogWait  = 50 * time.Millisecond // how long a Read waits for the reader to be pushed what it reads
 	backlogRetry = time.Second           // after a reader failed, Reads read ahead by gets for this long
+
+	backlogStampReuse = 64 // the most pushes with more behind stamped by one clock read
 )
 
 // backlog is a running backlog reader; the queue's mu guards its fields
@@ -63,6 +65,8 @@ type backlog struct {
 	bytes  int                // the bodies' bytes in buf
 	got    chan struct{}      // closed when buf grows while a Read waits, or the reader ends
 	wants  bool               // a Read waits on got
+	stamp  time.Time          // the clock read for the latest pushes (see keepPushed)
+	reuses int                // pushes stamped since stamp was read
 	room   chan struct{}      // the Reads took some (1-buffered)
 	ended  bool               // the reader ended: it holds what it holds, no more
 	failed bool               // it ended for a failure (not a stop)
@@ -203,7 +207,16 @@ func (q *queue) keepPushed(ctx context.Context, b *backlog, msg jetstream.Msg) b
 			q.mu.Unlock()
 			return false // a gap: gone, a get tells
 		case len(b.buf) < backlogKeep && (b.bytes+size <= backlogBytes || len(b.buf) == 0):
-			b.keepLocked(backlogEntry{m: m, at: time.Now(), next: q.next, size: size})
+			// A push with more behind it (a backlog, pushed in bursts)
+			// takes the clock read for an earlier one, up to
+			// backlogStampReuse times: a stamp earlier than the push only
+			// makes the freshness rules (pushedGoodLocked) see the
+			// message older than it is, stricter, never laxer.
+			if pending == 0 || b.reuses >= backlogStampReuse || b.stamp.IsZero() {
+				b.stamp, b.reuses = time.Now(), 0
+			}
+			b.reuses++
+			b.keepLocked(backlogEntry{m: m, at: b.stamp, next: q.next, size: size})
 			b.bytes += size
 			if b.wants {
 				b.wants = false
