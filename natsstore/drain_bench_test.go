@@ -164,6 +164,13 @@ func drainRaw(b *testing.B, js jetstream.JetStream, replicas int) (time.Duration
 			b.Fatal("raw publishes never acknowledged")
 		}
 	}
+	return consumeRaw(ctx, b, s)
+}
+
+// consumeRaw drains drainN messages of s with a durable pull consumer
+// acking every rawAckEvery; it returns the drain's time and the
+// process's CPU time meanwhile.
+func consumeRaw(ctx context.Context, b *testing.B, s jetstream.Stream) (time.Duration, time.Duration) {
 	var n atomic.Int64
 	done := make(chan struct{})
 	cpu, start := cpuTime(), time.Now()
