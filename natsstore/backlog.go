@@ -2,6 +2,8 @@ package natsstore
 
 import (
 	"context"
+	"math"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -50,15 +52,21 @@ const (
 	backlogPull  = 512                   // the messages one pull request of its consumer asks for
 	backlogWait  = 50 * time.Millisecond // how long a Read waits for the reader to be pushed what it reads
 	backlogRetry = time.Second           // after a reader failed, Reads read ahead by gets for this long
+
+	backlogStampReuse = 64 // the most pushes with more behind stamped by one clock read
 )
 
 // backlog is a running backlog reader; the queue's mu guards its fields
 // but cancel.
 type backlog struct {
 	head   int64              // the offset of buf[0] (where the Reads are)
-	buf    []backlogEntry     // from head on, contiguous
+	buf    []backlogEntry     // from head on, contiguous: a window of arr
+	arr    []backlogEntry     // the array buf is in, from its start (see keepLocked)
 	bytes  int                // the bodies' bytes in buf
-	got    chan struct{}      // closed and replaced when buf grows or the reader ends
+	got    chan struct{}      // closed when buf grows while a Read waits, or the reader ends
+	wants  bool               // a Read waits on got
+	stamp  time.Time          // the clock read for the latest pushes (see keepPushed)
+	reuses int                // pushes stamped since stamp was read
 	room   chan struct{}      // the Reads took some (1-buffered)
 	ended  bool               // the reader ended: it holds what it holds, no more
 	failed bool               // it ended for a failure (not a stop)
@@ -166,11 +174,15 @@ func (q *queue) runBacklog(ctx context.Context, b *backlog, from int64) {
 // backlogKeep messages (or backlogBytes); false ends the reader: ctx
 // ended, or msg is past a gap (a retention cut) or undecodable.
 func (q *queue) keepPushed(ctx context.Context, b *backlog, msg jetstream.Msg) bool {
-	md, err := msg.Metadata()
-	if err != nil {
-		return false
+	seq, pending, ok := ackSeqPending(msg.Reply())
+	if !ok {
+		md, err := msg.Metadata()
+		if err != nil {
+			return false
+		}
+		seq, pending = md.Sequence.Stream, md.NumPending
 	}
-	off := int64(md.Sequence.Stream) - 1
+	off := int64(seq) - 1
 	m, _, err := codec.Decode(msg.Data())
 	if err != nil {
 		return false // a get tells
@@ -182,7 +194,7 @@ func (q *queue) keepPushed(ctx context.Context, b *backlog, msg jetstream.Msg) b
 			return false
 		}
 		q.mu.Lock()
-		q.advanceLocked(off + 1 + int64(md.NumPending))
+		q.advanceLocked(off + 1 + int64(pending))
 		want := b.head + int64(len(b.buf))
 		switch {
 		case b.ended:
@@ -195,10 +207,22 @@ func (q *queue) keepPushed(ctx context.Context, b *backlog, msg jetstream.Msg) b
 			q.mu.Unlock()
 			return false // a gap: gone, a get tells
 		case len(b.buf) < backlogKeep && (b.bytes+size <= backlogBytes || len(b.buf) == 0):
-			b.buf = append(b.buf, backlogEntry{m: m, at: time.Now(), next: q.next, size: size})
+			// A push with more behind it (a backlog, pushed in bursts)
+			// takes the clock read for an earlier one, up to
+			// backlogStampReuse times: a stamp earlier than the push only
+			// makes the freshness rules (pushedGoodLocked) see the
+			// message older than it is, stricter, never laxer.
+			if pending == 0 || b.reuses >= backlogStampReuse || b.stamp.IsZero() {
+				b.stamp, b.reuses = time.Now(), 0
+			}
+			b.reuses++
+			b.keepLocked(backlogEntry{m: m, at: b.stamp, next: q.next, size: size})
 			b.bytes += size
-			close(b.got)
-			b.got = make(chan struct{})
+			if b.wants {
+				b.wants = false
+				close(b.got)
+				b.got = make(chan struct{})
+			}
 			q.mu.Unlock()
 			return true
 		}
@@ -209,6 +233,89 @@ func (q *queue) keepPushed(ctx context.Context, b *backlog, msg jetstream.Msg) b
 			return false
 		}
 	}
+}
+
+// keepLocked appends e to b.buf. The Reads take from buf's front, so buf
+// slides along arr: when it reaches arr's end, it moves back to arr's
+// start if it fills at most half of arr, and grows (a new arr) if not;
+// an empty buf starts again at arr's start (see dropLocked). So a reader
+// keeping up with its pushes reuses one array instead of growing a new
+// one each time the Reads empty it. The queue's mu is held.
+func (b *backlog) keepLocked(e backlogEntry) {
+	if len(b.buf) == cap(b.buf) && len(b.buf) > 0 && len(b.buf) <= cap(b.arr)/2 {
+		n := copy(b.arr[:cap(b.arr)], b.buf)
+		clear(b.arr[n:cap(b.arr)]) // what moved, at its old place
+		b.buf = b.arr[:n]
+	}
+	if len(b.buf) == 0 {
+		b.buf = b.arr[:0]
+	}
+	b.buf = append(b.buf, e)
+	if cap(b.buf) > cap(b.arr) { // grown: a new array, buf at its start
+		b.arr = b.buf[:0]
+	}
+}
+
+// dropLocked drops buf's first n entries; the queue's mu is held.
+func (b *backlog) dropLocked(n int) {
+	clear(b.buf[:n])
+	b.buf = b.buf[n:]
+	if len(b.buf) == 0 {
+		b.buf = b.arr[:0]
+	}
+}
+
+// ackSeqPending reads a pushed message's stream sequence and the count
+// pending behind it from its reply subject, as [jetstream.Msg.Metadata]
+// does, without building the metadata: "$JS.ACK.<stream>.<consumer>.
+// <delivered>.<sseq>.<cseq>.<time>.<pending>", or with "<domain>.<account
+// hash>." after "$JS.ACK." and more tokens after <pending>. ok is false
+// for another form (the caller asks Metadata).
+func ackSeqPending(reply string) (seq, pending uint64, ok bool) {
+	rest, found := strings.CutPrefix(reply, "$JS.ACK.")
+	if !found {
+		return 0, 0, false
+	}
+	var tok [9]string // the tokens after "$JS.ACK.", up to <pending> of the longer form
+	n := 0
+	for n < len(tok) {
+		t, r, more := strings.Cut(rest, ".")
+		tok[n] = t
+		n++
+		rest = r
+		if !more {
+			break
+		}
+	}
+	switch {
+	case n == 7: // the short form (the loop ended at its last token)
+		seq, ok = parseSeq(tok[3])
+		if ok {
+			pending, ok = parseSeq(tok[6])
+		}
+	case n == 9: // the long form, <pending> the 9th
+		seq, ok = parseSeq(tok[5])
+		if ok {
+			pending, ok = parseSeq(tok[8])
+		}
+	}
+	return seq, pending, ok
+}
+
+// parseSeq parses a decimal sequence or count; false for anything else.
+func parseSeq(s string) (uint64, bool) {
+	if s == "" || len(s) > 20 {
+		return 0, false
+	}
+	var v uint64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' || v > (math.MaxUint64-uint64(c-'0'))/10 {
+			return 0, false
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	return v, true
 }
 
 // fromBacklog serves a Read at offset from what the backlog reader holds:
@@ -245,11 +352,7 @@ func (q *queue) fromBacklog(ctx context.Context, offset int64, dst []*ferry.Enha
 				dst[i] = b.buf[i].m
 				b.bytes -= b.buf[i].size
 			}
-			clear(b.buf[:n])
-			b.buf = b.buf[n:]
-			if len(b.buf) == 0 {
-				b.buf = b.buf[:0:0] // let the array go; append makes another
-			}
+			b.dropLocked(n)
 			b.head += int64(n)
 			signal(b.room)
 			q.mu.Unlock()
@@ -263,11 +366,13 @@ func (q *queue) fromBacklog(ctx context.Context, offset int64, dst []*ferry.Enha
 			q.mu.Unlock()
 			return 0
 		}
-		got := b.got
-		q.mu.Unlock()
 		if waited {
+			q.mu.Unlock()
 			return 0
 		}
+		got := b.got
+		b.wants = true
+		q.mu.Unlock()
 		waited = true
 		t := time.NewTimer(backlogWait)
 		select {
@@ -287,8 +392,7 @@ func (q *queue) trimBacklogLocked(b *backlog, offset int64) {
 	for i := range k {
 		b.bytes -= b.buf[i].size
 	}
-	clear(b.buf[:k])
-	b.buf = b.buf[k:]
+	b.dropLocked(k)
 	b.head = offset
 	if k > 0 {
 		signal(b.room)

@@ -30,7 +30,10 @@ const (
 // for like, on the single server (R1) and the 3-node cluster (R3).
 // Each iteration drains one backlog with each, Ferry first; each
 // figure is from the start of the consumer until the last message is
-// handled. It reports both rates and their ratio:
+// handled. It reports both rates and their ratio, and the process's CPU
+// time per message over the same spans (the servers run in this process,
+// so it counts theirs too; on a loaded host it varies less than the
+// rates):
 //
 //	go test -run '^$' -bench Drain -benchtime 5x
 func BenchmarkDrain(b *testing.B) {
@@ -41,14 +44,21 @@ func BenchmarkDrain(b *testing.B) {
 				c = tripleServer(b)
 			}
 			js := c.connect(b)
-			var fe, ra time.Duration
+			var fe, ra, fcpu, rcpu time.Duration
 			for range b.N {
-				fe += drainFerry(b, c, js, r)
-				ra += drainRaw(b, js, r)
+				w, u := drainFerry(b, c, js, r)
+				fe, fcpu = fe+w, fcpu+u
+				w, u = drainRaw(b, js, r)
+				ra, rcpu = ra+w, rcpu+u
 			}
-			b.ReportMetric(float64(drainN*b.N)/fe.Seconds(), "ferry-msgs/s")
-			b.ReportMetric(float64(drainN*b.N)/ra.Seconds(), "raw-msgs/s")
+			n := float64(drainN * b.N)
+			b.ReportMetric(n/fe.Seconds(), "ferry-msgs/s")
+			b.ReportMetric(n/ra.Seconds(), "raw-msgs/s")
 			b.ReportMetric(ra.Seconds()/fe.Seconds(), "ferry/raw")
+			if fcpu > 0 && rcpu > 0 {
+				b.ReportMetric(float64(fcpu.Nanoseconds())/n, "ferry-cpu-ns/msg")
+				b.ReportMetric(float64(rcpu.Nanoseconds())/n, "raw-cpu-ns/msg")
+			}
 		})
 	}
 }
@@ -62,8 +72,9 @@ func drainBodyBytes() []byte {
 }
 
 // drainFerry fills a fresh deployment's one-queue topic and drains it
-// with one consumer; it returns the drain's time.
-func drainFerry(b *testing.B, c *cluster, js jetstream.JetStream, replicas int) time.Duration {
+// with one consumer; it returns the drain's time and the process's CPU
+// time meanwhile.
+func drainFerry(b *testing.B, c *cluster, js jetstream.JetStream, replicas int) (time.Duration, time.Duration) {
 	ctx, cancel := context.WithTimeout(b.Context(), 2*time.Minute)
 	defer cancel()
 	prefix := fmt.Sprintf("dr%d", fresh.Add(1))
@@ -115,7 +126,7 @@ func drainFerry(b *testing.B, c *cluster, js jetstream.JetStream, replicas int) 
 		b.Fatal(err)
 	}
 	defer cons.Close()
-	start := time.Now()
+	cpu, start := cpuTime(), time.Now()
 	if err := cons.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
@@ -124,12 +135,13 @@ func drainFerry(b *testing.B, c *cluster, js jetstream.JetStream, replicas int) 
 	case <-ctx.Done():
 		b.Fatalf("ferry drained %d of %d", n.Load(), drainN)
 	}
-	return time.Since(start)
+	return time.Since(start), cpuTime() - cpu
 }
 
 // drainRaw fills a stream of its own and drains it with a durable pull
-// consumer; it returns the drain's time.
-func drainRaw(b *testing.B, js jetstream.JetStream, replicas int) time.Duration {
+// consumer; it returns the drain's time and the process's CPU time
+// meanwhile.
+func drainRaw(b *testing.B, js jetstream.JetStream, replicas int) (time.Duration, time.Duration) {
 	ctx, cancel := context.WithTimeout(b.Context(), 2*time.Minute)
 	defer cancel()
 	name := fmt.Sprintf("dr%d", fresh.Add(1))
@@ -152,9 +164,16 @@ func drainRaw(b *testing.B, js jetstream.JetStream, replicas int) time.Duration 
 			b.Fatal("raw publishes never acknowledged")
 		}
 	}
+	return consumeRaw(ctx, b, s)
+}
+
+// consumeRaw drains drainN messages of s with a durable pull consumer
+// acking every rawAckEvery; it returns the drain's time and the
+// process's CPU time meanwhile.
+func consumeRaw(ctx context.Context, b *testing.B, s jetstream.Stream) (time.Duration, time.Duration) {
 	var n atomic.Int64
 	done := make(chan struct{})
-	start := time.Now()
+	cpu, start := cpuTime(), time.Now()
 	cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckAllPolicy})
 	if err != nil {
 		b.Fatal(err)
@@ -177,7 +196,7 @@ func drainRaw(b *testing.B, js jetstream.JetStream, replicas int) time.Duration 
 	case <-ctx.Done():
 		b.Fatalf("raw drained %d of %d", n.Load(), drainN)
 	}
-	return time.Since(start)
+	return time.Since(start), cpuTime() - cpu
 }
 
 // dropNow deletes the streams and buckets of deployment prefix.
