@@ -19,7 +19,8 @@ import (
 // record's write is the commit: one message in one queue, so it is
 // stored whole or not at all on every storage. Concurrent handlers of a
 // queue share one log write (on filestore, one fdatasync: group
-// commit). The outputs are then written to their topics, each with a
+// commit). The outputs are then written to their topics, those of one
+// log write together (one write per target queue), each with a
 // deduplication key derived from the record's position (the message's
 // own [Message.DedupKey] when it has one), so that writing them again
 // stores nothing twice; the offset then finishes as any handled one.
