@@ -95,7 +95,7 @@ func (r *queueRun) takeTxn(start int64) error {
 	if err != nil {
 		return err
 	}
-	mark := &EnhancedMessage{Message: Message{Topic: tl.name, Tag: txnMarkerTag + strconv.FormatUint(tl.token, 10)}}
+	mark := tl.newRecord(txnMarkerTag+strconv.FormatUint(tl.token, 10), nil)
 	at, err := tl.lq.Write(r.ctx, []*EnhancedMessage{mark})
 	if err != nil {
 		return fmt.Errorf("write take marker: %w", err)
@@ -208,17 +208,26 @@ func (tl *txnLog) loadFloor(ctx context.Context) (int64, error) {
 	return offs[tl.r.q], nil
 }
 
+// newRecord returns a log message tagged tag with body, stamped with an
+// ID of its own as a producer stamps a message: a store may take a
+// message ID seen before for a retried write of it (natsstore publishes
+// it as Nats-Msg-Id), and a zero ID on every record would make each
+// record after the first a duplicate of it.
+func (tl *txnLog) newRecord(tag string, body []byte) *EnhancedMessage {
+	now := tl.r.m.b.clock.now()
+	em := &EnhancedMessage{Message: Message{Topic: tl.name, Tag: tag, Body: body}}
+	em.ID = NewMessageID(now)
+	em.BornUnixNano = now.UnixNano()
+	return em
+}
+
 // commit writes the record of the call that handled input offset off
 // and sent outs, then their outputs, unless the queue is no longer this
 // holding's: then the record is the next owner's to apply (see
 // takeTxn), and the message goes back unfinished. A write refused
 // outright (too large) fails the attempt.
 func (tl *txnLog) commit(r *queueRun, off int64, outs []txnOutput) error {
-	rec := &EnhancedMessage{Message: Message{
-		Topic: tl.name,
-		Tag:   txnRecordTag + strconv.FormatInt(off, 10) + "," + strconv.FormatUint(tl.token, 10),
-		Body:  encodeTxnRecord(outs),
-	}}
+	rec := tl.newRecord(txnRecordTag+strconv.FormatInt(off, 10)+","+strconv.FormatUint(tl.token, 10), encodeTxnRecord(outs))
 	dec := make([]decodedOutput, len(outs))
 	for i, o := range outs {
 		dec[i] = decodedOutput{topic: o.t.meta.Name, q: o.q, inc: o.t.meta.Incarnation, at: o.at, em: o.em}
