@@ -92,12 +92,13 @@ type Outbox struct {
 }
 
 // txnOutput is one message of an outbox: em, for queue q of topic t,
-// due at (zero: now).
+// due at (zero: now), sent through a producer with hooks.
 type txnOutput struct {
-	t  *topicState
-	q  int
-	em *EnhancedMessage
-	at time.Time
+	t     *topicState
+	q     int
+	em    *EnhancedMessage
+	at    time.Time
+	hooks *hookSet
 }
 
 type outboxKey struct{}
@@ -135,11 +136,20 @@ func OutboxFrom(ctx context.Context) *Outbox {
 // together at most [DefaultMaxMessageBytes] (their [Message.Size]s), over
 // which Send is [ErrMessageTooLarge]. After the call returned it is
 // [ErrOutboxDone]. The caller must not modify m afterwards.
+//
+// The producer's hooks (the broker's, for Send) see each output as they
+// see a producer's send: [HookSend] in Send, then [HookSent] once, with
+// the call's context: with no error once the output is written (its
+// Queue, Offset and StoreUnixNano set), before the input's offset
+// finishes; with an error when Send refuses it, when the call fails, and
+// when the queue is given up before the outputs were written (its next
+// owner then writes them if the call's record was stored, and no hook
+// sees that write).
 func (o *Outbox) Send(m *Message) error { return o.send(nil, m) }
 
 // SendVia is Send routed by p, a producer of the consumer's broker (its
-// router, its size limit, its hooks' OnSend); a producer of another
-// broker is [ErrInvalidOption].
+// router, its size limit, its hooks); a producer of another broker is
+// [ErrInvalidOption].
 func (o *Outbox) SendVia(p *Producer, m *Message) error {
 	if p == nil {
 		return &Error{Op: "outbox send", Err: fmt.Errorf("%w: nil producer", ErrInvalidOption)}
@@ -188,12 +198,23 @@ func (o *Outbox) add(p *Producer, m *Message) error {
 	if err != nil {
 		return err
 	}
-	if dq, ok := t.queues[i].(Deduplicator); !ok || dq.DedupWindow() <= 0 {
-		return fmt.Errorf("%w: topic %q does not deduplicate (see TopicMeta.DedupWindow): a transaction's outputs need it", ErrInvalidOption, t.meta.Name)
+	// The hooks' OnSend saw em: OnSent follows, here when it is refused,
+	// else when the call ends (see sent).
+	out := txnOutput{t: t, q: i, em: em, hooks: p.hooks}
+	if err := o.keep(out, m); err != nil {
+		p.hooks.onSent(o.ctx, em, err)
+		return err
 	}
-	out := txnOutput{t: t, q: i, em: em}
-	if p.delayed(m) {
-		out.at = m.DeliverAt
+	return nil
+}
+
+// keep adds out, the output made of m, to the outbox.
+func (o *Outbox) keep(out txnOutput, m *Message) error {
+	if dq, ok := out.t.queues[out.q].(Deduplicator); !ok || dq.DedupWindow() <= 0 {
+		return fmt.Errorf("%w: topic %q does not deduplicate (see TopicMeta.DedupWindow): a transaction's outputs need it", ErrInvalidOption, out.t.meta.Name)
+	}
+	if out.at = m.DeliverAt; !out.at.IsZero() && !out.at.After(o.d.m.b.time.Now()) {
+		out.at = time.Time{}
 	}
 	n := m.Size()
 	o.mu.Lock()
@@ -207,6 +228,16 @@ func (o *Outbox) add(p *Producer, m *Message) error {
 	o.outs = append(o.outs, out)
 	o.bytes += n
 	return nil
+}
+
+// sent calls the hooks' OnSent for each of outs with ctx, the call's
+// context: err nil when they were written (each em then has its Queue,
+// Offset and StoreUnixNano, those of its first copy for one written
+// before), else why they were not, or may not have been.
+func sent(ctx context.Context, outs []txnOutput, err error) {
+	for i := range outs {
+		outs[i].hooks.onSent(ctx, outs[i].em, err)
+	}
 }
 
 // close ends the outbox's call: later Sends are ErrOutboxDone. It
@@ -248,10 +279,13 @@ func (d *deliverer) callOutbox(dctx *deliveryCtx, hc *handlerCtx, r *queueRun, m
 		err = d.safeHandle(dctx, ctx, view)
 	}
 	outs := ob.close()
+	if err != nil {
+		sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not stored: the handler call failed: %w", err)})
+	}
 	if err != nil || len(outs) == 0 {
 		return err
 	}
-	if err := r.tl.commit(r, msg.Offset, outs); err != nil {
+	if err := r.tl.commit(ctx, r, msg.Offset, outs); err != nil {
 		dctx.handled--
 		dctx.failed++
 		return err

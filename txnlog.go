@@ -226,7 +226,7 @@ func (tl *txnLog) newRecord(tag string, body []byte) *EnhancedMessage {
 // holding's: then the record is the next owner's to apply (see
 // takeTxn), and the message goes back unfinished. A write refused
 // outright (too large) fails the attempt.
-func (tl *txnLog) commit(r *queueRun, off int64, outs []txnOutput) error {
+func (tl *txnLog) commit(ctx context.Context, r *queueRun, off int64, outs []txnOutput) error {
 	rec := tl.newRecord(txnRecordTag+strconv.FormatInt(off, 10)+","+strconv.FormatUint(tl.token, 10), encodeTxnRecord(outs))
 	dec := make([]decodedOutput, len(outs))
 	for i, o := range outs {
@@ -235,18 +235,23 @@ func (tl *txnLog) commit(r *queueRun, off int64, outs []txnOutput) error {
 	p, err := tl.write(rec, off, dec)
 	if err != nil {
 		if errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrInvalidMessage) {
-			return &Error{Op: fmt.Sprintf("commit transaction of %s offset %d", r.id, off), Err: err}
+			err = &Error{Op: fmt.Sprintf("commit transaction of %s offset %d", r.id, off), Err: err}
+			sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not stored: %w", err)})
+			return err
 		}
 		// Stored or not, the record is the next owner's to judge.
+		sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not written by this call: its queue was given up (its next owner writes them if the transaction's record was stored): %w", err)})
 		r.m.report(&Error{Op: fmt.Sprintf("commit transaction of %s offset %d: queue given up", r.id, off), Err: err})
 		r.lose()
 		return errGivenUp
 	}
 	if p.aerr != nil {
+		sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not written by this call: its queue was given up (its next owner writes them): %w", p.aerr)})
 		r.m.report(&Error{Op: fmt.Sprintf("write outputs of transaction of %s offset %d: queue given up", r.id, off), Err: p.aerr})
 		r.lose()
 		return errGivenUp
 	}
+	sent(ctx, outs, nil)
 	if !r.h.lands() || r.pastDeadline() {
 		return errGivenUp // the next owner applies it again
 	}
@@ -400,9 +405,10 @@ func (tl *txnLog) apply(ctx context.Context, recs []txnRecord) error {
 func (tl *txnLog) applyOnce(ctx context.Context, recs []txnRecord) error {
 	b := tl.r.m.b
 	type target struct {
-		t   *topicState
-		q   int
-		ems []*EnhancedMessage
+		t    *topicState
+		q    int
+		ems  []*EnhancedMessage // written
+		srcs []*EnhancedMessage // the outputs they copy
 	}
 	var targets []target
 	prefix := "%txn:" + tl.name + ":" + strconv.Itoa(tl.r.q) + ":"
@@ -431,6 +437,7 @@ func (tl *txnLog) applyOnce(ctx context.Context, recs []txnRecord) error {
 				if _, err := b.delay.place(ctx, &w, QueueID{Topic: t.meta.Name, Queue: q}, o.at, true); err != nil {
 					return err
 				}
+				written(o.em, &w)
 				continue
 			}
 			j := slices.IndexFunc(targets, func(g target) bool { return g.t == t && g.q == q })
@@ -439,14 +446,25 @@ func (tl *txnLog) applyOnce(ctx context.Context, recs []txnRecord) error {
 				j = len(targets) - 1
 			}
 			targets[j].ems = append(targets[j].ems, &w)
+			targets[j].srcs = append(targets[j].srcs, o.em)
 		}
 	}
 	for _, g := range targets {
 		if _, err := writeAt(ctx, g.t.queues[g.q], g.ems, b.clock.now()); err != nil {
 			return err
 		}
+		for i, w := range g.ems {
+			written(g.srcs[i], w)
+		}
 	}
 	return nil
+}
+
+// written gives em, an output, what the write of its copy w set: its
+// Queue, Offset, StoreUnixNano (and ID: those of the first copy when w
+// was a duplicate), for the hooks' OnSent (see sent).
+func written(em, w *EnhancedMessage) {
+	em.Queue, em.Offset, em.ID, em.StoreUnixNano = w.Queue, w.Offset, w.ID, w.StoreUnixNano
 }
 
 // commitFloor commits the applied floor for the queue's cursor c, just
