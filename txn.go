@@ -274,18 +274,33 @@ func (d *deliverer) callOutbox(dctx *deliveryCtx, hc *handlerCtx, r *queueRun, m
 	ob.ctx = ctx
 	var err error
 	if hs := d.m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
-		err = d.callHooked(hs, dctx, ctx, view)
+		// As callHooked, the outbox taking the handler's context: the
+		// hooks see the outputs' sends in the call's (its span, say).
+		var hctx context.Context = ctx
+		for _, h := range hs.handle {
+			if c := h.OnHandle(hctx, view); c != nil {
+				hctx = c
+			}
+		}
+		ob.ctx = hctx
+		start := time.Now()
+		err = d.safeHandle(dctx, hctx, view)
+		took := time.Since(start)
+		for _, h := range hs.handled {
+			h.OnHandled(hctx, view, took, err)
+		}
 	} else {
 		err = d.safeHandle(dctx, ctx, view)
 	}
 	outs := ob.close()
+	octx := ob.ctx
 	if err != nil {
-		sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not stored: the handler call failed: %w", err)})
+		sent(octx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not stored: the handler call failed: %w", err)})
 	}
 	if err != nil || len(outs) == 0 {
 		return err
 	}
-	if err := r.tl.commit(ctx, r, msg.Offset, outs); err != nil {
+	if err := r.tl.commit(octx, r, msg.Offset, outs); err != nil {
 		dctx.handled--
 		dctx.failed++
 		return err
