@@ -20,6 +20,9 @@ type txnLog struct {
 	lq    Queue
 	token uint64
 
+	// wmu serializes the writes of a log in memory, where sharing a
+	// write saves nothing: each record is written on its own, under it.
+	wmu     sync.Mutex
 	mu      sync.Mutex
 	waiting []*txnPending // records waiting for the writer, in order
 	writing bool          // a writer writes; the first waiting one writes next
@@ -266,8 +269,20 @@ func (tl *txnLog) commit(ctx context.Context, r *queueRun, off int64, outs []txn
 // the first waiting writes next, while this one writes the outputs. A
 // write that lands after records of another writer checks them: one with
 // a later token fences this holding out (errTxnFenced), and its records
-// are void.
+// are void. A log in memory has each caller write its own record (under
+// wmu) and outputs: no one waits for a writer to wake it.
 func (tl *txnLog) write(rec *EnhancedMessage, off int64, outs []decodedOutput) (*txnPending, error) {
+	if _, ok := tl.lq.(*MemoryQueue); ok {
+		p := &txnPending{em: rec, off: off, outs: outs}
+		one := [1]*txnPending{p}
+		tl.wmu.Lock()
+		tl.writeBatch(one[:])
+		tl.wmu.Unlock()
+		if p.err == nil {
+			p.aerr = tl.apply(tl.r.hctx, []txnRecord{{at: p.at, outs: outs}})
+		}
+		return p, p.err
+	}
 	p := &txnPending{em: rec, off: off, outs: outs, wake: make(chan struct{})}
 	tl.mu.Lock()
 	tl.waiting = append(tl.waiting, p)

@@ -11,10 +11,11 @@ import (
 )
 
 // BenchmarkTransactional measures a consumer whose handler sends one
-// output per message, plainly (Producer.Send from the handler) or
-// through the outbox of a ferry.Transactional consumer, in memory and on
-// a store under SyncAlways (cursors in the store too), with 1 and 64
-// concurrent handlers. The input queue is filled before the timer
+// output per message: plainly (Producer.Send from the handler;
+// plainkeyed: with a DedupKey, as the outbox's outputs have) or through
+// the outbox of a ferry.Transactional consumer, in memory and on a store
+// under SyncAlways (cursors in the store too), with 1 and 64 concurrent
+// handlers. The input queue is filled before the timer
 // starts; the timer stops when the b.N outputs are stored and the
 // group's cursor is committed past every input. ns/op is per message;
 // syncs/msg counts the store's fdatasyncs (and directory syncs) in the
@@ -23,16 +24,17 @@ import (
 func BenchmarkTransactional(b *testing.B) {
 	for _, storage := range []string{"memory", "SyncAlways"} {
 		for _, conc := range []int{1, 64} {
-			for _, mode := range []string{"plain", "txn"} {
+			for _, mode := range []string{"plain", "plainkeyed", "txn"} {
 				b.Run(storage+"/c"+strconv.Itoa(conc)+"/"+mode, func(b *testing.B) {
-					benchTransactional(b, storage, conc, mode == "txn")
+					benchTransactional(b, storage, conc, mode)
 				})
 			}
 		}
 	}
 }
 
-func benchTransactional(b *testing.B, storage string, conc int, txn bool) {
+func benchTransactional(b *testing.B, storage string, conc int, mode string) {
+	txn := mode == "txn"
 	ctx := context.Background()
 	var syncs atomic.Int64
 	var counting atomic.Bool
@@ -77,6 +79,9 @@ func benchTransactional(b *testing.B, storage string, conc int, txn bool) {
 	}
 	h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
 		out := &ferry.Message{Topic: "out", Body: m.Body}
+		if mode == "plainkeyed" {
+			out.DedupKey = "in:" + strconv.FormatInt(m.Offset, 10)
+		}
 		if txn {
 			return ferry.OutboxFrom(ctx).Send(out)
 		}
