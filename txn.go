@@ -19,7 +19,8 @@ import (
 // record's write is the commit: one message in one queue, so it is
 // stored whole or not at all on every storage. Concurrent handlers of a
 // queue share one log write (on filestore, one fdatasync: group
-// commit). The outputs are then written to their topics, each with a
+// commit). The outputs are then written to their topics, those of one
+// log write together (one write per target queue), each with a
 // deduplication key derived from the record's position (the message's
 // own [Message.DedupKey] when it has one), so that writing them again
 // stores nothing twice; the offset then finishes as any handled one.
@@ -91,12 +92,13 @@ type Outbox struct {
 }
 
 // txnOutput is one message of an outbox: em, for queue q of topic t,
-// due at (zero: now).
+// due at (zero: now), sent through a producer with hooks.
 type txnOutput struct {
-	t  *topicState
-	q  int
-	em *EnhancedMessage
-	at time.Time
+	t     *topicState
+	q     int
+	em    *EnhancedMessage
+	at    time.Time
+	hooks *hookSet
 }
 
 type outboxKey struct{}
@@ -134,11 +136,20 @@ func OutboxFrom(ctx context.Context) *Outbox {
 // together at most [DefaultMaxMessageBytes] (their [Message.Size]s), over
 // which Send is [ErrMessageTooLarge]. After the call returned it is
 // [ErrOutboxDone]. The caller must not modify m afterwards.
+//
+// The producer's hooks (the broker's, for Send) see each output as they
+// see a producer's send: [HookSend] in Send, then [HookSent] once, with
+// the call's context: with no error once the output is written (its
+// Queue, Offset and StoreUnixNano set), before the input's offset
+// finishes; with an error when Send refuses it, when the call fails, and
+// when the queue is given up before the outputs were written (its next
+// owner then writes them if the call's record was stored, and no hook
+// sees that write).
 func (o *Outbox) Send(m *Message) error { return o.send(nil, m) }
 
 // SendVia is Send routed by p, a producer of the consumer's broker (its
-// router, its size limit, its hooks' OnSend); a producer of another
-// broker is [ErrInvalidOption].
+// router, its size limit, its hooks); a producer of another broker is
+// [ErrInvalidOption].
 func (o *Outbox) SendVia(p *Producer, m *Message) error {
 	if p == nil {
 		return &Error{Op: "outbox send", Err: fmt.Errorf("%w: nil producer", ErrInvalidOption)}
@@ -187,12 +198,23 @@ func (o *Outbox) add(p *Producer, m *Message) error {
 	if err != nil {
 		return err
 	}
-	if dq, ok := t.queues[i].(Deduplicator); !ok || dq.DedupWindow() <= 0 {
-		return fmt.Errorf("%w: topic %q does not deduplicate (see TopicMeta.DedupWindow): a transaction's outputs need it", ErrInvalidOption, t.meta.Name)
+	// The hooks' OnSend saw em: OnSent follows, here when it is refused,
+	// else when the call ends (see sent).
+	out := txnOutput{t: t, q: i, em: em, hooks: p.hooks}
+	if err := o.keep(out, m); err != nil {
+		p.hooks.onSent(o.ctx, em, err)
+		return err
 	}
-	out := txnOutput{t: t, q: i, em: em}
-	if p.delayed(m) {
-		out.at = m.DeliverAt
+	return nil
+}
+
+// keep adds out, the output made of m, to the outbox.
+func (o *Outbox) keep(out txnOutput, m *Message) error {
+	if dq, ok := out.t.queues[out.q].(Deduplicator); !ok || dq.DedupWindow() <= 0 {
+		return fmt.Errorf("%w: topic %q does not deduplicate (see TopicMeta.DedupWindow): a transaction's outputs need it", ErrInvalidOption, out.t.meta.Name)
+	}
+	if out.at = m.DeliverAt; !out.at.IsZero() && !out.at.After(o.d.m.b.time.Now()) {
+		out.at = time.Time{}
 	}
 	n := m.Size()
 	o.mu.Lock()
@@ -206,6 +228,16 @@ func (o *Outbox) add(p *Producer, m *Message) error {
 	o.outs = append(o.outs, out)
 	o.bytes += n
 	return nil
+}
+
+// sent calls the hooks' OnSent for each of outs with ctx, the call's
+// context: err nil when they were written (each em then has its Queue,
+// Offset and StoreUnixNano, those of its first copy for one written
+// before), else why they were not, or may not have been.
+func sent(ctx context.Context, outs []txnOutput, err error) {
+	for i := range outs {
+		outs[i].hooks.onSent(ctx, outs[i].em, err)
+	}
 }
 
 // close ends the outbox's call: later Sends are ErrOutboxDone. It
@@ -242,15 +274,33 @@ func (d *deliverer) callOutbox(dctx *deliveryCtx, hc *handlerCtx, r *queueRun, m
 	ob.ctx = ctx
 	var err error
 	if hs := d.m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {
-		err = d.callHooked(hs, dctx, ctx, view)
+		// As callHooked, the outbox taking the handler's context: the
+		// hooks see the outputs' sends in the call's (its span, say).
+		var hctx context.Context = ctx
+		for _, h := range hs.handle {
+			if c := h.OnHandle(hctx, view); c != nil {
+				hctx = c
+			}
+		}
+		ob.ctx = hctx
+		start := time.Now()
+		err = d.safeHandle(dctx, hctx, view)
+		took := time.Since(start)
+		for _, h := range hs.handled {
+			h.OnHandled(hctx, view, took, err)
+		}
 	} else {
 		err = d.safeHandle(dctx, ctx, view)
 	}
 	outs := ob.close()
+	octx := ob.ctx
+	if err != nil {
+		sent(octx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not stored: the handler call failed: %w", err)})
+	}
 	if err != nil || len(outs) == 0 {
 		return err
 	}
-	if err := r.tl.commit(r, msg.Offset, outs); err != nil {
+	if err := r.tl.commit(octx, r, msg.Offset, outs); err != nil {
 		dctx.handled--
 		dctx.failed++
 		return err

@@ -80,3 +80,60 @@ func TestTxnStaleWriterFenced(t *testing.T) {
 	assert.Equal(t, 2, calls)
 	mu.Unlock()
 }
+
+// TestTxnRecordsHaveIDs: the log's take markers and records carry IDs
+// of their own, as a producer's messages do: a store that takes a
+// message ID seen before for a retried write (natsstore) would otherwise
+// store the first record only.
+func TestTxnRecordsHaveIDs(t *testing.T) {
+	ctx := context.Background()
+	b, err := NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "in", Queues: 1}))
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "out", Queues: 1}))
+	release := make(chan struct{})
+	c, err := b.NewConsumer("g", "in", HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
+		if m.Offset == 0 {
+			<-release // the cursor stays at 0: the log keeps every record
+		}
+		return OutboxFrom(ctx).Send(&Message{Topic: "out", Body: m.Body})
+	}), Transactional())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	defer close(release)
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	const n = 6
+	for i := range n {
+		_, err = p.Send(ctx, &Message{Topic: "in", Body: []byte(strconv.Itoa(i))})
+		require.NoError(t, err)
+	}
+	name, err := TransactionLog("g", "in")
+	require.NoError(t, err)
+	var lq Queue
+	require.Eventually(t, func() bool { // the take marker, a record for each message but the first
+		lt, err := b.topic(name)
+		if err != nil {
+			return false
+		}
+		lq = lt.queues[0]
+		_, next := lq.Offsets()
+		return next == n
+	}, 5*time.Second, time.Millisecond)
+	oldest, next := lq.Offsets()
+	dst := make([]*EnhancedMessage, n)
+	got, err := lq.Read(ctx, oldest, dst)
+	require.NoError(t, err)
+	require.Equal(t, int(next-oldest), got)
+	require.GreaterOrEqual(t, got, n-1, "the records")
+	seen := map[MessageID]bool{}
+	for _, m := range dst[:got] {
+		require.NotZero(t, m.ID, "log offset %d (%s)", m.Offset, m.Tag)
+		require.NotZero(t, m.BornUnixNano, "log offset %d (%s)", m.Offset, m.Tag)
+		require.False(t, seen[m.ID], "log offset %d (%s): ID seen before", m.Offset, m.Tag)
+		seen[m.ID] = true
+	}
+}

@@ -223,3 +223,134 @@ func TestOutboxBadInput(t *testing.T) {
 	_, err = b.NewConsumer("g2", "in", ferry.Batch(ferry.BatchHandlerFunc(func(context.Context, []*ferry.EnhancedMessage) error { return nil }), 8), ferry.Transactional())
 	assert.ErrorIs(t, err, ferry.ErrInvalidOption, "batch")
 }
+
+// outboxHooks records the producer hooks' events of outputs.
+type outboxHooks struct {
+	mu   sync.Mutex
+	sent map[*ferry.EnhancedMessage]*hookedOutput
+}
+
+type hookedOutput struct {
+	body       string
+	errs       []error // one per OnSent
+	queue      int
+	offset     int64
+	storedNano int64
+}
+
+func (h *outboxHooks) OnSend(_ context.Context, em *ferry.EnhancedMessage) {
+	if em.Topic != "out" && em.Topic != "nodedup" {
+		return // inputs, retries
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sent[em] = &hookedOutput{body: string(em.Body)}
+}
+
+func (h *outboxHooks) OnSent(_ context.Context, em *ferry.EnhancedMessage, err error) {
+	if em.Topic != "out" && em.Topic != "nodedup" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	o := h.sent[em]
+	if o == nil {
+		o = &hookedOutput{body: "no OnSend: " + string(em.Body)}
+		h.sent[em] = o
+	}
+	o.errs = append(o.errs, err)
+	o.queue, o.offset, o.storedNano = em.Queue, em.Offset, em.StoreUnixNano
+}
+
+// TestTransactionalHooks: the producer hooks see every output an outbox
+// took (OnSend when it is sent), then once OnSent: with no error and
+// its queue, offset and store time once it is written; with an error
+// when it is refused at once, or dropped with its failed call.
+func TestTransactionalHooks(t *testing.T) {
+	ctx := context.Background()
+	hooks := &outboxHooks{sent: map[*ferry.EnhancedMessage]*hookedOutput{}}
+	b, err := ferry.NewBroker(ferry.WithHooks(hooks))
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "in", Queues: 1}))
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "out", Queues: 2}))
+	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "nodedup", Queues: 1, DedupWindow: ferry.DedupOff}))
+	var handled sync.WaitGroup
+	handled.Add(3)
+	h := ferry.HandlerFunc(func(ctx context.Context, m *ferry.EnhancedMessage) error {
+		d, _ := ferry.DeliveryFrom(ctx)
+		ob := ferry.OutboxFrom(ctx)
+		for k := range 2 {
+			if err := ob.Send(&ferry.Message{Topic: "out", Key: fmt.Sprint(k), Body: fmt.Appendf(nil, "%s/%d/%d", m.Body, k, d.Attempt)}); err != nil {
+				return err
+			}
+		}
+		assert.ErrorIs(t, ob.Send(&ferry.Message{Topic: "nodedup", Body: fmt.Appendf(nil, "%s/refused/%d", m.Body, d.Attempt)}), ferry.ErrInvalidOption)
+		if string(m.Body) == "fails" && d.Attempt == 1 {
+			return errors.New("the first call fails after sending")
+		}
+		handled.Done()
+		return nil
+	})
+	c, err := b.NewConsumer("g", "in", h, ferry.Transactional(), ferry.WithRetry(3, time.Millisecond))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	for _, body := range []string{"a", "b", "fails"} {
+		_, err := p.Send(ctx, &ferry.Message{Topic: "in", Body: []byte(body)})
+		require.NoError(t, err)
+	}
+	handled.Wait()
+	require.Eventually(t, func() bool {
+		lag, err := b.Lag(ctx, "g", "in")
+		return err == nil && lag.Lag == 0
+	}, 5*time.Second, time.Millisecond)
+	require.NoError(t, c.Close())
+
+	stored := map[string]ferry.EnhancedMessage{} // body → where it is
+	for q := range 2 {
+		rq, err := b.Queue("out", q)
+		require.NoError(t, err)
+		oldest, next := rq.Offsets()
+		dst := make([]*ferry.EnhancedMessage, 16)
+		for off := oldest; off < next; {
+			n, err := rq.Read(ctx, off, dst)
+			require.NoError(t, err)
+			for _, m := range dst[:n] {
+				require.NotContains(t, stored, string(m.Body), "stored once")
+				stored[string(m.Body)] = *m
+				off = m.Offset + 1
+			}
+		}
+	}
+	require.Len(t, stored, 6, "2 outputs of a, b and the second call of fails")
+
+	hooks.mu.Lock()
+	defer hooks.mu.Unlock()
+	seen := map[string]bool{}
+	for _, o := range hooks.sent {
+		require.Len(t, o.errs, 1, "%s: one OnSent after its OnSend", o.body)
+		seen[o.body] = true
+		m, ok := stored[o.body]
+		switch {
+		case strings.Contains(o.body, "/refused/"):
+			assert.ErrorIs(t, o.errs[0], ferry.ErrInvalidOption, o.body)
+		case strings.HasPrefix(o.body, "fails/") && strings.HasSuffix(o.body, "/1"):
+			assert.Error(t, o.errs[0], "%s: its call failed", o.body)
+			assert.False(t, ok, "%s: stored", o.body)
+		default:
+			require.NoError(t, o.errs[0], o.body)
+			require.True(t, ok, "%s: not stored", o.body)
+			assert.Equal(t, m.Queue, o.queue, "%s: queue", o.body)
+			assert.Equal(t, m.Offset, o.offset, "%s: offset", o.body)
+			assert.Equal(t, m.StoreUnixNano, o.storedNano, "%s: store time", o.body)
+		}
+	}
+	for body := range stored {
+		assert.True(t, seen[body], "%s: stored with no OnSend", body)
+	}
+	assert.Len(t, hooks.sent, 6+2+4, "the stored outputs, the failed call's, the refused ones")
+}

@@ -20,6 +20,9 @@ type txnLog struct {
 	lq    Queue
 	token uint64
 
+	// wmu serializes the writes of a log in memory, where sharing a
+	// write saves nothing: each record is written on its own, under it.
+	wmu     sync.Mutex
 	mu      sync.Mutex
 	waiting []*txnPending // records waiting for the writer, in order
 	writing bool          // a writer writes; the first waiting one writes next
@@ -38,10 +41,12 @@ type txnApplied struct{ at, off int64 }
 // txnPending is a record waiting to be written.
 type txnPending struct {
 	em   *EnhancedMessage
-	off  int64 // input offset
-	at   int64 // where it was written
-	err  error
-	wake chan struct{} // closed when written, or when it is to write
+	off  int64           // input offset
+	outs []decodedOutput // its outputs, written by the batch's writer
+	at   int64           // where it was written
+	err  error           // the record's write's
+	aerr error           // its outputs' write's
+	wake chan struct{}   // closed when written and applied, or when it is to write
 	lead bool
 }
 
@@ -93,7 +98,7 @@ func (r *queueRun) takeTxn(start int64) error {
 	if err != nil {
 		return err
 	}
-	mark := &EnhancedMessage{Message: Message{Topic: tl.name, Tag: txnMarkerTag + strconv.FormatUint(tl.token, 10)}}
+	mark := tl.newRecord(txnMarkerTag+strconv.FormatUint(tl.token, 10), nil)
 	at, err := tl.lq.Write(r.ctx, []*EnhancedMessage{mark})
 	if err != nil {
 		return fmt.Errorf("write take marker: %w", err)
@@ -145,7 +150,7 @@ func (r *queueRun) takeTxn(start int64) error {
 			m.report(&Error{Op: fmt.Sprintf("take %s: transaction log %s offset %d ignored", r.id, tl.lq.ID(), msg.Offset), Err: err})
 			continue
 		}
-		if err := tl.apply(r.ctx, msg.Offset, outs); err != nil {
+		if err := tl.apply(r.ctx, []txnRecord{{at: msg.Offset, outs: outs}}); err != nil {
 			return err
 		}
 		tl.applied = append(tl.applied, txnApplied{at: msg.Offset, off: off})
@@ -206,57 +211,86 @@ func (tl *txnLog) loadFloor(ctx context.Context) (int64, error) {
 	return offs[tl.r.q], nil
 }
 
+// newRecord returns a log message tagged tag with body, stamped with an
+// ID of its own as a producer stamps a message: a store may take a
+// message ID seen before for a retried write of it (natsstore publishes
+// it as Nats-Msg-Id), and a zero ID on every record would make each
+// record after the first a duplicate of it.
+func (tl *txnLog) newRecord(tag string, body []byte) *EnhancedMessage {
+	now := tl.r.m.b.clock.now()
+	em := &EnhancedMessage{Message: Message{Topic: tl.name, Tag: tag, Body: body}}
+	em.ID = NewMessageID(now)
+	em.BornUnixNano = now.UnixNano()
+	return em
+}
+
 // commit writes the record of the call that handled input offset off
 // and sent outs, then their outputs, unless the queue is no longer this
 // holding's: then the record is the next owner's to apply (see
 // takeTxn), and the message goes back unfinished. A write refused
 // outright (too large) fails the attempt.
-func (tl *txnLog) commit(r *queueRun, off int64, outs []txnOutput) error {
-	rec := &EnhancedMessage{Message: Message{
-		Topic: tl.name,
-		Tag:   txnRecordTag + strconv.FormatInt(off, 10) + "," + strconv.FormatUint(tl.token, 10),
-		Body:  encodeTxnRecord(outs),
-	}}
-	at, err := tl.write(rec, off)
-	if err != nil {
-		if errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrInvalidMessage) {
-			return &Error{Op: fmt.Sprintf("commit transaction of %s offset %d", r.id, off), Err: err}
-		}
-		// Stored or not, the record is the next owner's to judge.
-		r.m.report(&Error{Op: fmt.Sprintf("commit transaction of %s offset %d: queue given up", r.id, off), Err: err})
-		r.lose()
-		return errGivenUp
-	}
-	if !r.h.lands() || r.pastDeadline() {
-		return errGivenUp // the next owner applies it
-	}
+func (tl *txnLog) commit(ctx context.Context, r *queueRun, off int64, outs []txnOutput) error {
+	rec := tl.newRecord(txnRecordTag+strconv.FormatInt(off, 10)+","+strconv.FormatUint(tl.token, 10), encodeTxnRecord(outs))
 	dec := make([]decodedOutput, len(outs))
 	for i, o := range outs {
 		dec[i] = decodedOutput{topic: o.t.meta.Name, q: o.q, inc: o.t.meta.Incarnation, at: o.at, em: o.em}
 	}
-	if err := tl.apply(r.hctx, at, dec); err != nil {
-		r.m.report(&Error{Op: fmt.Sprintf("write outputs of transaction of %s offset %d: queue given up", r.id, off), Err: err})
+	p, err := tl.write(rec, off, dec)
+	if err != nil {
+		if errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrInvalidMessage) {
+			err = &Error{Op: fmt.Sprintf("commit transaction of %s offset %d", r.id, off), Err: err}
+			sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not stored: %w", err)})
+			return err
+		}
+		// Stored or not, the record is the next owner's to judge.
+		sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not written by this call: its queue was given up (its next owner writes them if the transaction's record was stored): %w", err)})
+		r.m.report(&Error{Op: fmt.Sprintf("commit transaction of %s offset %d: queue given up", r.id, off), Err: err})
 		r.lose()
 		return errGivenUp
+	}
+	if p.aerr != nil {
+		sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not written by this call: its queue was given up (its next owner writes them): %w", p.aerr)})
+		r.m.report(&Error{Op: fmt.Sprintf("write outputs of transaction of %s offset %d: queue given up", r.id, off), Err: p.aerr})
+		r.lose()
+		return errGivenUp
+	}
+	sent(ctx, outs, nil)
+	if !r.h.lands() || r.pastDeadline() {
+		return errGivenUp // the next owner applies it again
 	}
 	return nil
 }
 
 // write writes rec, the record of input offset off, to the log with
-// whatever other records are waiting (one write for all: group commit)
-// and returns its offset. One writer at a time: the others wait, and
-// the first waiting writes next. A write that lands after records of
-// another writer checks them: one with a later token fences this
-// holding out (errTxnFenced), and its records are void.
-func (tl *txnLog) write(rec *EnhancedMessage, off int64) (int64, error) {
-	p := &txnPending{em: rec, off: off, wake: make(chan struct{})}
+// whatever other records are waiting (one write for all: group commit),
+// then their outputs outs (one write per target queue for all), and
+// returns its pending record: its offset, or the error of the record's
+// write or of its outputs'. One writer at a time: the others wait, and
+// the first waiting writes next, while this one writes the outputs. A
+// write that lands after records of another writer checks them: one with
+// a later token fences this holding out (errTxnFenced), and its records
+// are void. A log in memory has each caller write its own record (under
+// wmu) and outputs: no one waits for a writer to wake it.
+func (tl *txnLog) write(rec *EnhancedMessage, off int64, outs []decodedOutput) (*txnPending, error) {
+	if _, ok := tl.lq.(*MemoryQueue); ok {
+		p := &txnPending{em: rec, off: off, outs: outs}
+		one := [1]*txnPending{p}
+		tl.wmu.Lock()
+		tl.writeBatch(one[:])
+		tl.wmu.Unlock()
+		if p.err == nil {
+			p.aerr = tl.apply(tl.r.hctx, []txnRecord{{at: p.at, outs: outs}})
+		}
+		return p, p.err
+	}
+	p := &txnPending{em: rec, off: off, outs: outs, wake: make(chan struct{})}
 	tl.mu.Lock()
 	tl.waiting = append(tl.waiting, p)
 	if tl.writing {
 		tl.mu.Unlock()
 		<-p.wake
 		if !p.lead {
-			return p.at, p.err
+			return p, p.err
 		}
 		tl.mu.Lock()
 	}
@@ -267,6 +301,16 @@ func (tl *txnLog) write(rec *EnhancedMessage, off int64) (int64, error) {
 
 	tl.writeBatch(batch)
 
+	if p.err == nil { // the batch's records are in the log: write their outputs
+		recs := make([]txnRecord, len(batch))
+		for i, q := range batch {
+			recs[i] = txnRecord{at: q.at, outs: q.outs}
+		}
+		err := tl.apply(tl.r.hctx, recs)
+		for _, q := range batch {
+			q.aerr = err
+		}
+	}
 	tl.mu.Lock()
 	if len(tl.waiting) > 0 {
 		next := tl.waiting[0]
@@ -281,7 +325,7 @@ func (tl *txnLog) write(rec *EnhancedMessage, off int64) (int64, error) {
 			close(q.wake)
 		}
 	}
-	return p.at, p.err
+	return p, p.err
 }
 
 // writeBatch writes batch's records with one Write and sets each one's
@@ -343,18 +387,26 @@ func (tl *txnLog) fencedIn(from, to int64) (bool, error) {
 	return fenced, err
 }
 
-// apply writes the outputs of the record at log offset at, each with its
-// deduplication key (its own, or one derived from at and its index), so
-// that writing them again stores none twice. An output whose topic is
-// gone or was created again since is dropped and reported. A failed
-// write is tried again, with backoff, until ctx ends.
-func (tl *txnLog) apply(ctx context.Context, at int64, outs []decodedOutput) error {
+// txnRecord is a record's outputs to write: the record's log offset,
+// its outputs.
+type txnRecord struct {
+	at   int64
+	outs []decodedOutput
+}
+
+// apply writes the outputs of records recs, each with its deduplication
+// key (its own, or one derived from its record's log offset and its
+// index), so that writing them again stores none twice; one write per
+// target queue. An output whose topic is gone or was created again
+// since is dropped and reported. A failed write is tried again, with
+// backoff, until ctx ends.
+func (tl *txnLog) apply(ctx context.Context, recs []txnRecord) error {
 	for try := 1; ; try++ {
-		err := tl.applyOnce(ctx, at, outs)
+		err := tl.applyOnce(ctx, recs)
 		if err == nil {
 			return nil
 		}
-		tl.r.m.report(&Error{Op: fmt.Sprintf("write outputs of transaction log %s offset %d", tl.lq.ID(), at), Err: err})
+		tl.r.m.report(&Error{Op: fmt.Sprintf("write outputs of transaction log %s offsets %d to %d", tl.lq.ID(), recs[0].at, recs[len(recs)-1].at), Err: err})
 		t := time.NewTimer(backoff(10*time.Millisecond, time.Second, try))
 		select {
 		case <-ctx.Done():
@@ -365,49 +417,69 @@ func (tl *txnLog) apply(ctx context.Context, at int64, outs []decodedOutput) err
 	}
 }
 
-func (tl *txnLog) applyOnce(ctx context.Context, at int64, outs []decodedOutput) error {
+func (tl *txnLog) applyOnce(ctx context.Context, recs []txnRecord) error {
 	b := tl.r.m.b
-	prefix := "%txn:" + tl.name + ":" + strconv.Itoa(tl.r.q) + ":" + strconv.FormatInt(at, 10) + ":"
 	type target struct {
-		t   *topicState
-		q   int
-		ems []*EnhancedMessage
+		t    *topicState
+		q    int
+		ems  []*EnhancedMessage // written
+		srcs []*EnhancedMessage // the outputs they copy
 	}
 	var targets []target
-	for i := range outs {
-		o := &outs[i]
-		t, err := b.topic(o.topic)
-		if errors.Is(err, ErrTopicNotFound) || err == nil && o.inc != 0 && t.meta.Incarnation != 0 && t.meta.Incarnation != o.inc {
-			tl.r.m.report(&Error{Op: fmt.Sprintf("write output %d of transaction log %s offset %d: dropped", i, tl.lq.ID(), at), Err: fmt.Errorf("%w: %q (deleted, or created again since)", ErrTopicNotFound, o.topic)})
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		w := *o.em // a fresh message each time: the queue keeps it
-		if w.DedupKey == "" {
-			w.DedupKey = prefix + strconv.Itoa(i)
-		}
-		q := o.q % len(t.queues)
-		if !o.at.IsZero() && o.at.After(b.time.Now()) {
-			if _, err := b.delay.place(ctx, &w, QueueID{Topic: t.meta.Name, Queue: q}, o.at, true); err != nil {
+	prefix := "%txn:" + tl.name + ":" + strconv.Itoa(tl.r.q) + ":"
+	for _, rec := range recs {
+		var key []byte
+		for i := range rec.outs {
+			o := &rec.outs[i]
+			t, err := b.topic(o.topic)
+			if errors.Is(err, ErrTopicNotFound) || err == nil && o.inc != 0 && t.meta.Incarnation != 0 && t.meta.Incarnation != o.inc {
+				tl.r.m.report(&Error{Op: fmt.Sprintf("write output %d of transaction log %s offset %d: dropped", i, tl.lq.ID(), rec.at), Err: fmt.Errorf("%w: %q (deleted, or created again since)", ErrTopicNotFound, o.topic)})
+				continue
+			}
+			if err != nil {
 				return err
 			}
-			continue
+			w := *o.em // a fresh message each time: the queue keeps it
+			if w.DedupKey == "" {
+				if key == nil {
+					key = strconv.AppendInt(append(make([]byte, 0, len(prefix)+24), prefix...), rec.at, 10)
+					key = append(key, ':')
+				}
+				w.DedupKey = string(strconv.AppendInt(key, int64(i), 10))
+			}
+			q := o.q % len(t.queues)
+			if !o.at.IsZero() && o.at.After(b.time.Now()) {
+				if _, err := b.delay.place(ctx, &w, QueueID{Topic: t.meta.Name, Queue: q}, o.at, true); err != nil {
+					return err
+				}
+				written(o.em, &w)
+				continue
+			}
+			j := slices.IndexFunc(targets, func(g target) bool { return g.t == t && g.q == q })
+			if j < 0 {
+				targets = append(targets, target{t: t, q: q})
+				j = len(targets) - 1
+			}
+			targets[j].ems = append(targets[j].ems, &w)
+			targets[j].srcs = append(targets[j].srcs, o.em)
 		}
-		j := slices.IndexFunc(targets, func(g target) bool { return g.t == t && g.q == q })
-		if j < 0 {
-			targets = append(targets, target{t: t, q: q})
-			j = len(targets) - 1
-		}
-		targets[j].ems = append(targets[j].ems, &w)
 	}
 	for _, g := range targets {
 		if _, err := writeAt(ctx, g.t.queues[g.q], g.ems, b.clock.now()); err != nil {
 			return err
 		}
+		for i, w := range g.ems {
+			written(g.srcs[i], w)
+		}
 	}
 	return nil
+}
+
+// written gives em, an output, what the write of its copy w set: its
+// Queue, Offset, StoreUnixNano (and ID: those of the first copy when w
+// was a duplicate), for the hooks' OnSent (see sent).
+func written(em, w *EnhancedMessage) {
+	em.Queue, em.Offset, em.ID, em.StoreUnixNano = w.Queue, w.Offset, w.ID, w.StoreUnixNano
 }
 
 // commitFloor commits the applied floor for the queue's cursor c, just

@@ -58,3 +58,6 @@ func StreamOf(q ferry.Queue) string { return q.(*queue).stream }
 // BacklogServed is how many messages Reads of q (a queue of this
 // package) were served by a backlog reader (backlog.go).
 func BacklogServed(q ferry.Queue) int64 { return q.(*queue).blServed.Load() }
+
+// StreamName is the name of the stream of queue q of topic under prefix.
+func StreamName(prefix, topic string, q int) string { return streamName(prefix, topic, q) }
