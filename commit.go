@@ -166,16 +166,14 @@ func (r *queueRun) commit(final bool) error {
 }
 
 // tryCommit is commit(false) unless another goroutine is committing r
-// (false): that one, or the committer, commits what is finished.
+// (false): that one, or the committer, commits what is finished. A commit
+// that failed is false too: the committer tries it again, and reports it.
 func (r *queueRun) tryCommit() bool {
 	if !r.commitMu.TryLock() {
 		return false
 	}
 	defer r.commitMu.Unlock()
-	if err := r.commitLocked(false); err != nil {
-		r.m.report(err)
-	}
-	return true
+	return r.commitLocked(false) == nil
 }
 
 // commitLocked is commit; r.commitMu is held.
@@ -304,22 +302,35 @@ func (m *groupMember) retire() bool {
 	return true
 }
 
+// Backoff of the committer's tries after a failed commit.
+const (
+	commitRetryBase = 20 * time.Millisecond
+	commitRetryMax  = 2 * time.Second
+)
+
 // committer commits the cursors of owned queues whenever they may have
 // moved, until every queue is released or it has been idle for
-// workerIdle (the next markDirty starts it again).
+// workerIdle (the next markDirty starts it again). After a commit
+// failed it tries again with backoff, finishes or not, and does not
+// retire until one succeeds.
 func (m *groupMember) committer() {
 	defer m.wg.Done()
 	var runs []*queueRun
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
+	again := time.NewTimer(time.Hour)
+	again.Stop()
+	defer again.Stop()
+	failures := 0
 	for {
 		select {
 		case <-m.dirty:
 			idle.Reset(workerIdle)
+		case <-again.C:
 		case <-m.halt:
 			return // every run committed its last offset on release
 		case <-idle.C:
-			if !m.retire() {
+			if failures == 0 && !m.retire() {
 				return
 			}
 			idle.Reset(workerIdle)
@@ -330,11 +341,19 @@ func (m *groupMember) committer() {
 			runs = append(runs, r)
 		}
 		m.mu.Unlock()
+		failed := false
 		for _, r := range runs {
 			if err := r.commit(false); err != nil {
 				m.report(err)
+				failed = true
 			}
 		}
 		clear(runs)
+		if !failed {
+			failures = 0
+			continue
+		}
+		failures++
+		again.Reset(backoff(commitRetryBase, commitRetryMax, failures))
 	}
 }

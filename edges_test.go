@@ -514,3 +514,25 @@ func TestCloseReturnsFinalCommitError(t *testing.T) {
 		})
 	}
 }
+
+// A cursor commit that failed is tried again, though no message finishes
+// after it: before, the cursor stayed behind until the next finish or the
+// release, for ever on a queue with no more traffic (the next owner after a
+// crash got everything since again).
+func TestFailedCommitTriedAgain(t *testing.T) {
+	cs := &failingCommitStore{MemoryCursorStore: ferry.NewMemoryCursorStore()}
+	b := newTopic(t, 1, ferry.WithCursorStore(cs))
+	var errs atomic.Int32
+	tally := newTally(10)
+	c := startConsumer(t, b, "g", tally.handler(), ferry.WithOnError(func(error) { errs.Add(1) }))
+	cs.armed.Store(true) // the queue is taken; from now on the disk is gone
+	produce(t, b, "t", "m", 10, 1)
+	tally.waitAll(t)
+	require.Eventually(t, func() bool { return errs.Load() > 0 }, watchdog, time.Millisecond, "the commits fail")
+	cs.armed.Store(false) // the disk is back; nothing more is sent or handled
+	require.Eventually(t, func() bool {
+		offs, err := cs.Load(context.Background(), "t", "g", 1)
+		return err == nil && offs[0] == 10
+	}, 10*time.Second, 5*time.Millisecond, "the cursor reaches the end once the store works again")
+	assert.Equal(t, int64(10), c.Stats().Queues[0].Committed)
+}
