@@ -167,7 +167,8 @@ type level struct {
 	// wmu is held by a write to the level around its clock reading, and
 	// by a check that the mover has read everything: a write is then
 	// either seen by the check or stamped after it.
-	wmu sync.Mutex
+	wmu  sync.Mutex
+	tags []byte // under wmu: the block the level's tags are cut from (see level.tag)
 
 	// Under delayer.mu:
 	owned bool   // this broker holds the delay lock and moves the level

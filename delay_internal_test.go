@@ -16,7 +16,7 @@ func TestDelayTagRoundTrip(t *testing.T) {
 	h := map[string]string{"a": "1"}
 	em := &EnhancedMessage{Message: Message{Topic: "jobs", Key: "k", Tag: "red|blue", Headers: h, Body: []byte("x"), DedupKey: "%retry:x"}}
 	at, hop := time.Unix(0, 1_700_000_000_123_456_789), time.Unix(0, 1_700_000_000_000_000_001)
-	w := delayedMessage(lv, em, QueueID{Topic: "jobs", Queue: 3}, at, hop, 42)
+	w := delayedMessage(&EnhancedMessage{}, lv, em, QueueID{Topic: "jobs", Queue: 3}, at, hop, 42)
 	assert.Equal(t, h, w.Headers)
 	assert.Equal(t, "%retry:x", w.DedupKey)
 	w.Offset = 5
@@ -57,7 +57,7 @@ func TestDelayOldHeadersAreRead(t *testing.T) {
 	lv := &level{t: &topicState{meta: TopicMeta{Name: delayTopic(1)}}}
 	down := *old
 	down.Tag = a.tag
-	w := delayedMessage(lv, &down, a.target, a.deliverAt, a.hop, a.inc)
+	w := delayedMessage(&EnhancedMessage{}, lv, &down, a.target, a.deliverAt, a.hop, a.inc)
 	assert.Equal(t, map[string]string{"a": "1"}, w.Headers)
 	b, err := parseDelayed(w)
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"strconv"
 	"time"
+	"unsafe"
 )
 
 // Placing a delayed message in its level, and the level message's form.
@@ -13,9 +14,32 @@ import (
 // place writes em, stamped and routed to target, to the delay level for
 // a delivery at at. wait false: a full level queue is ErrQueueFull.
 func (d *delayer) place(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
-	res, err := d.placeIn(ctx, em, target, at, wait)
+	return d.placeFrom(ctx, placing{em: em, target: target, at: at, inc: d.incarnation(target), wait: wait})
+}
+
+// placing is a message to place: em, stamped and routed to target
+// (incarnation inc of its topic), due at at; wait false: a full level
+// queue is ErrQueueFull. now, unless zero, is a reading of the
+// delayer's clock taken just before, which picks the level to try first
+// (the level's own reading under its lock decides). own says em is the
+// caller's to reuse: it becomes the level's message instead of a copy
+// (a producer's envelope no hook sees), once the message is known to go
+// to a level (not delivered now).
+type placing struct {
+	em     *EnhancedMessage
+	target QueueID
+	at     time.Time
+	inc    uint64
+	now    time.Time
+	own    bool
+	wait   bool
+}
+
+// placeFrom is place for pl.
+func (d *delayer) placeFrom(ctx context.Context, pl placing) (SendResult, error) {
+	res, err := d.placeAt(ctx, pl)
 	if errors.Is(err, errDueNow) {
-		return d.deliverNow(ctx, em, target, at, wait)
+		return d.deliverNow(ctx, pl.em, pl.target, pl.at, pl.wait)
 	}
 	return res, err
 }
@@ -34,7 +58,7 @@ func (d *delayer) deliverNow(ctx context.Context, em *EnhancedMessage, target Qu
 	}
 	q := t.queues[target.Queue%len(t.queues)]
 	w := delivered(t, em, em.Tag, em.DedupKey, time.Time{})
-	if err := write(ctx, q, w, wait); err != nil {
+	if err := write(ctx, q, w, wait, time.Time{}); err != nil {
 		return SendResult{}, err
 	}
 	id := QueueID{Topic: t.meta.Name, Queue: target.Queue % len(t.queues)}
@@ -75,12 +99,6 @@ func hasDelayHeader(h map[string]string) bool {
 	return false
 }
 
-// placeIn is place, or errDueNow when at is due by the clock read under
-// the level's write lock.
-func (d *delayer) placeIn(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
-	return d.placeAt(ctx, em, target, at, d.incarnation(target), wait)
-}
-
 // incarnation returns the incarnation of target's topic, for a message
 // placed now (a move down keeps the one it was placed with).
 func (d *delayer) incarnation(target QueueID) uint64 {
@@ -90,13 +108,18 @@ func (d *delayer) incarnation(target QueueID) uint64 {
 	return 0
 }
 
-// placeAt is placeIn for a message bound for incarnation inc of its
-// target topic.
-func (d *delayer) placeAt(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, inc uint64, wait bool) (SendResult, error) {
+// placeAt is placeFrom, or errDueNow when pl.at is due by the clock
+// read under the level's write lock (pl.em is then as it was).
+func (d *delayer) placeAt(ctx context.Context, pl placing) (SendResult, error) {
+	em, target, at := pl.em, pl.target, pl.at
 	if err := checkDueTime(at); err != nil {
 		return SendResult{}, err
 	}
-	n, _ := delayLevel(at.Sub(d.clock.Now()))
+	guess := pl.now
+	if guess.IsZero() {
+		guess = d.clock.Now()
+	}
+	n, _ := delayLevel(at.Sub(guess))
 	for {
 		lv, err := d.level(ctx, n)
 		if err != nil {
@@ -117,23 +140,56 @@ func (d *delayer) placeAt(ctx context.Context, em *EnhancedMessage, target Queue
 			n = m // the clock moved on meanwhile
 			continue
 		}
-		w := delayedMessage(lv, em, target, at, now.Add(hop), inc)
-		err = write(ctx, lv.queue, w, wait)
+		w := em
+		if !pl.own {
+			w = new(EnhancedMessage)
+		}
+		delayedMessage(w, lv, em, target, at, now.Add(hop), pl.inc)
+		err = write(ctx, lv.queue, w, pl.wait, d.stamp(now))
 		lv.wmu.Unlock()
 		if err != nil {
 			return SendResult{}, err
 		}
-		return SendResult{ID: em.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: at, Target: target}, nil
+		return SendResult{ID: w.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: at, Target: target}, nil
 	}
 }
 
-// delayed is a message for placeBatch: stamped, routed to target, due at
-// at; res is filled in once it is written.
+// tagBlock is the size of the blocks a level cuts its messages' tags
+// from (see delayedMessage).
+const tagBlock = 4096
+
+// delayedMessage makes w (which may be em) em as level lv stores it:
+// bound for target (incarnation inc of its topic) at at, its hop ending
+// at hop; and returns it. The caller holds lv.wmu. The tag is cut from
+// the level's current block of tags (a new one when it is full): one
+// allocation for the tags of the many messages placed about the same
+// time, which wait in the level together and move at about the same
+// time (a message kept keeps its block).
+func delayedMessage(w *EnhancedMessage, lv *level, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) *EnhancedMessage {
+	// Written in place: the block's bytes up to len(lv.tags) are never
+	// written again.
+	if room := 5*20 + len(target.Topic) + len(em.Tag); room > tagBlock/8 {
+		fillDelayed(w, lv, em, string(appendDelayTag(nil, em, target, at, hop, inc)))
+		return w
+	} else if cap(lv.tags)-len(lv.tags) < room {
+		lv.tags = make([]byte, 0, tagBlock)
+	}
+	start := len(lv.tags)
+	lv.tags = appendDelayTag(lv.tags, em, target, at, hop, inc)
+	fillDelayed(w, lv, em, unsafe.String(&lv.tags[start], len(lv.tags)-start))
+	return w
+}
+
+// delayed is a message for placeBatch: stamped, routed to target
+// (incarnation inc of its topic), due at at; res is filled in once it is
+// written. own: em is the caller's to reuse (see placing).
 type delayed struct {
 	em     *EnhancedMessage
 	target QueueID
 	at     time.Time
 	res    *SendResult
+	inc    uint64
+	own    bool
 }
 
 // placeBatch is place for several messages, with one write per level
@@ -141,7 +197,19 @@ type delayed struct {
 // two clock readings is placed alone. On error, the messages of the
 // levels written before stay written (their results filled in).
 func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
-	now := d.clock.Now()
+	for i := range ms {
+		ms[i].inc = d.incarnation(ms[i].target)
+	}
+	return d.placeBatchFrom(ctx, ms, time.Time{})
+}
+
+// placeBatchFrom is placeBatch for messages whose inc is set; guess,
+// unless zero, is a reading of the delayer's clock taken just before
+// (see placing).
+func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.Time) error {
+	if guess.IsZero() {
+		guess = d.clock.Now()
+	}
 	for _, m := range ms {
 		if err := checkDueTime(m.at); err != nil {
 			return err
@@ -152,15 +220,15 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 	levels := make([]uint8, len(ms))
 	var present uint32
 	for i, m := range ms {
-		n, _ := delayLevel(m.at.Sub(now))
+		n, _ := delayLevel(m.at.Sub(guess))
 		levels[i] = uint8(n)
 		present |= 1 << n
 	}
-	var batch []*EnhancedMessage
-	var placed []int // the index in ms of each of batch's messages
+	batch := make([]*EnhancedMessage, 0, len(ms))
+	placed := make([]int, 0, len(ms)) // the index in ms of each of batch's messages
 	var alone []int
-	var tags []byte // placed's tags, one after another
-	var ends []int  // where each of them ends in tags
+	var tags []byte                 // placed's tags, one after another
+	ends := make([]int, 0, len(ms)) // where each of them ends in tags
 	for ; present != 0; present &= present - 1 {
 		n := bits.TrailingZeros32(present)
 		lv, err := d.level(ctx, n)
@@ -172,7 +240,9 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 		now := d.clock.Now()
 		// The level's messages come from one slab, their tags from one
 		// string (they move at about the same time, and go together).
-		tags = tags[:0]
+		if tags == nil {
+			tags = make([]byte, 0, 64*len(ms))
+		}
 		for i, m := range ms {
 			if int(levels[i]) != n {
 				continue
@@ -185,20 +255,30 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 				alone = append(alone, i)
 				continue
 			}
-			tags = appendDelayTag(tags, m.em, m.target, m.at, now.Add(hop), d.incarnation(m.target))
+			tags = appendDelayTag(tags, m.em, m.target, m.at, now.Add(hop), m.inc)
 			ends = append(ends, len(tags))
 			placed = append(placed, i)
 		}
 		if len(placed) > 0 {
-			slab := make([]EnhancedMessage, len(placed))
-			all := string(tags)
+			var slab []EnhancedMessage // for the messages not the caller's to reuse
+			// The tags' bytes are not written again (tags starts
+			// anew for the next level).
+			all := unsafe.String(&tags[0], len(tags))
+			tags = nil
 			start := 0
 			for k, i := range placed {
-				fillDelayed(&slab[k], lv, ms[i].em, all[start:ends[k]])
+				w := ms[i].em
+				if !ms[i].own {
+					if slab == nil {
+						slab = make([]EnhancedMessage, len(placed)-k)
+					}
+					w, slab = &slab[0], slab[1:]
+				}
+				fillDelayed(w, lv, ms[i].em, all[start:ends[k]])
 				start = ends[k]
-				batch = append(batch, &slab[k])
+				batch = append(batch, w)
 			}
-			_, err = lv.queue.Write(ctx, batch)
+			_, err = writeAt(ctx, lv.queue, batch, d.stamp(now))
 		}
 		lv.wmu.Unlock()
 		if err != nil {
@@ -209,7 +289,8 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 			*ms[i].res = SendResult{ID: w.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: ms[i].at, Target: ms[i].target}
 		}
 		for _, i := range alone {
-			res, err := d.place(ctx, ms[i].em, ms[i].target, ms[i].at, true)
+			m := ms[i]
+			res, err := d.placeFrom(ctx, placing{em: m.em, target: m.target, at: m.at, inc: m.inc, own: m.own, wait: true})
 			if err != nil {
 				return err
 			}
@@ -219,19 +300,8 @@ func (d *delayer) placeBatch(ctx context.Context, ms []delayed) error {
 	return nil
 }
 
-// delayedMessage returns em as level lv stores it: bound for target
-// (incarnation inc of its topic) at at, its hop ending at hop. It shares
-// em's headers (messages are not modified once sent), unless they are
-// those of a level's message of an earlier version.
-func delayedMessage(lv *level, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) *EnhancedMessage {
-	var buf [128]byte
-	w := &EnhancedMessage{}
-	fillDelayed(w, lv, em, string(appendDelayTag(buf[:0], em, target, at, hop, inc)))
-	return w
-}
-
-// appendDelayTag appends to b the tag of em as a level stores it (see
-// delayedMessage).
+// appendDelayTag appends to b the tag of em as a level stores it: bound
+// for target (incarnation inc of its topic) at at, its hop ending at hop.
 func appendDelayTag(b []byte, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) []byte {
 	b = strconv.AppendInt(b, at.UnixNano(), 10)
 	b = append(b, ',')
@@ -246,7 +316,9 @@ func appendDelayTag(b []byte, em *EnhancedMessage, target QueueID, at, hop time.
 	return append(b, em.Tag...)
 }
 
-// fillDelayed makes w em as level lv stores it, with the tag tag.
+// fillDelayed makes w em as level lv stores it, with the tag tag (w may
+// be em). It shares em's headers (messages are not modified once sent),
+// unless they are those of a level's message of an earlier version.
 func fillDelayed(w *EnhancedMessage, lv *level, em *EnhancedMessage, tag string) {
 	h := em.Headers
 	if hasDelayHeader(h) {
@@ -257,10 +329,11 @@ func fillDelayed(w *EnhancedMessage, lv *level, em *EnhancedMessage, tag string)
 			}
 		}
 	}
-	*w = EnhancedMessage{
-		Message: Message{Topic: lv.t.meta.Name, Key: em.Key, Tag: tag, Headers: h, Body: em.Body, DedupKey: em.DedupKey},
-		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
-	}
+	// Field by field (see Producer.prepare), which also lets w be em.
+	w.Topic, w.Key, w.Tag, w.Headers, w.Body, w.DedupKey = lv.t.meta.Name, em.Key, tag, h, em.Body, em.DedupKey
+	w.DeliverAt = time.Time{}
+	w.ID, w.BornUnixNano, w.Origin = em.ID, em.BornUnixNano, em.Origin
+	w.Queue, w.Offset, w.StoreUnixNano = 0, 0, 0
 }
 
 // moveKey is the deduplication key of the moves of a (the hops down the
@@ -284,11 +357,24 @@ func moveKey(a *delayAction) string {
 	return "%move:" + a.lv.t.meta.Name + ":" + strconv.FormatInt(a.msg.Offset, 10)
 }
 
+// stamp returns now, a reading of the delayer's clock, as a time to
+// stamp a stored message with (see MemoryQueue.write): on the system
+// clock now itself, which saves a clock read; on another clock zero (the
+// queue reads the system clock).
+func (d *delayer) stamp(now time.Time) time.Time {
+	if _, sys := d.clock.(systemClock); sys {
+		return now
+	}
+	return time.Time{}
+}
+
 // write writes one message to q; wait false uses TryWrite where q has it.
-func write(ctx context.Context, q Queue, m *EnhancedMessage, wait bool) error {
+// now, unless zero, is a reading of the system clock taken just before,
+// for a MemoryQueue to stamp m with (see MemoryQueue.write).
+func write(ctx context.Context, q Queue, m *EnhancedMessage, wait bool, now time.Time) error {
 	if mq, ok := q.(*MemoryQueue); ok { // the batch stays on the stack
 		one := [1]*EnhancedMessage{m}
-		_, err := mq.write(ctx, one[:], wait, time.Time{})
+		_, err := mq.write(ctx, one[:], wait, now)
 		return err
 	}
 	one := []*EnhancedMessage{m}

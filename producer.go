@@ -227,12 +227,17 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 	if err != nil {
 		return SendResult{}, err
 	}
-	if p.delayed(m) {
-		res, err := p.b.delay.place(ctx, em, QueueID{Topic: t.meta.Name, Queue: i}, m.DeliverAt, wait)
-		if p.hooks != nil {
-			p.hooks.onSent(ctx, em, err)
+	if !m.DeliverAt.IsZero() {
+		if dc := (dueCheck{p: p, stamp: now}); dc.later(m) {
+			// With no hook to see it, the envelope becomes the level's
+			// message.
+			res, err := p.b.delay.placeFrom(ctx, placing{em: em, target: QueueID{Topic: t.meta.Name, Queue: i},
+				at: m.DeliverAt, inc: t.meta.Incarnation, now: dc.guess(), own: p.hooks == nil, wait: wait})
+			if p.hooks != nil {
+				p.hooks.onSent(ctx, em, err)
+			}
+			return res, err
 		}
-		return res, err
 	}
 	q := t.queues[i]
 	var first int64
@@ -256,6 +261,48 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 // delayed reports whether m is due later than now.
 func (p *Producer) delayed(m *Message) bool {
 	return !m.DeliverAt.IsZero() && m.DeliverAt.After(p.b.time.Now())
+}
+
+// surelyLater is how much later than a stamp (see coarseClock) a due
+// time must be for dueCheck to take it for later than now without
+// reading the clock: far more than a stamp can be off.
+const surelyLater = time.Second
+
+// dueCheck says which messages go to a delay level (are due later than
+// now), reading the broker's clock at most once: for a send, a batch.
+// stamp is the stamp the messages are sent with: on the system clock a
+// due time much later than it is later than now, without a read (the
+// level's own reading under its lock decides where a message goes, and
+// delivers it now if it is due by then); a read costs as much as a
+// quarter of a plain Send.
+type dueCheck struct {
+	p     *Producer
+	stamp time.Time
+	at    time.Time // the clock reading, once read
+}
+
+// later reports whether m is due later than now.
+func (c *dueCheck) later(m *Message) bool {
+	if m == nil || m.DeliverAt.IsZero() {
+		return false
+	}
+	if c.at.IsZero() {
+		if _, sys := c.p.b.time.(systemClock); sys && m.DeliverAt.Sub(c.stamp) > surelyLater {
+			return true
+		}
+		c.at = c.p.b.time.Now()
+	}
+	return m.DeliverAt.After(c.at)
+}
+
+// guess returns a reading of the broker's clock to pick the first level
+// to try with (see placing): the clock read, else the stamp, which
+// serves on the system clock.
+func (c *dueCheck) guess() time.Time {
+	if c.at.IsZero() {
+		return c.stamp
+	}
+	return c.at
 }
 
 // writeAt writes msgs to q. A MemoryQueue takes now, the clock reading the
@@ -376,12 +423,13 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 	if err := ctx.Err(); err != nil {
 		return nil, nil, &Error{Op: "send batch", Err: err}
 	}
+	now := p.b.clock.now()
+	dc := &dueCheck{p: p, stamp: now}
 	for _, m := range msgs {
-		if m != nil && p.delayed(m) {
-			return p.sendMixed(ctx, msgs)
+		if dc.later(m) {
+			return p.sendMixed(ctx, msgs, dc)
 		}
 	}
-	now := p.b.clock.now()
 	ems := make([]EnhancedMessage, len(msgs))
 	first := reserveIDs(len(msgs))
 	type target struct {
@@ -472,21 +520,21 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 // sendMixed is sendBatch for a batch with delayed messages: every
 // message is checked and routed before anything is written; then the
 // others are written as a batch, then the delayed ones, with one write
-// per delay level.
-func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult, []EnhancedMessage, error) {
-	type pending struct {
-		i     int
-		topic string
-		q     int
-	}
-	now := p.b.clock.now()
+// per delay level. dc says which are delayed, and holds the batch's
+// stamp.
+func (p *Producer) sendMixed(ctx context.Context, msgs []*Message, dc *dueCheck) ([]SendResult, []EnhancedMessage, error) {
+	now := dc.stamp
 	first := reserveIDs(len(msgs))
 	ems := make([]EnhancedMessage, len(msgs))
+	results := make([]SendResult, len(msgs))
+	for i := range results {
+		results[i].Offset = -1
+	}
 	var plain []*Message
 	var plainAt []int
-	var later []pending
+	later := make([]delayed, 0, len(msgs))
 	for i, m := range msgs {
-		if m == nil || !p.delayed(m) {
+		if !dc.later(m) {
 			plain = append(plain, m)
 			plainAt = append(plainAt, i)
 			continue
@@ -495,16 +543,15 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 		if err != nil {
 			return nil, ems[:0], &Error{Op: fmt.Sprintf("send batch: message %d", i), Err: err}
 		}
-		later = append(later, pending{i, t.meta.Name, q})
+		// With no hook to see it, the envelope becomes the level's
+		// message.
+		later = append(later, delayed{em: &ems[i], target: QueueID{Topic: t.meta.Name, Queue: q}, at: m.DeliverAt,
+			res: &results[i], inc: t.meta.Incarnation, own: p.hooks == nil})
 	}
 	for _, m := range plain { // checked before anything is written
 		if _, err := p.check(m); err != nil {
 			return nil, ems[:0], &Error{Op: "send batch", Err: err}
 		}
-	}
-	results := make([]SendResult, len(msgs))
-	for i := range results {
-		results[i].Offset = -1
 	}
 	if len(plain) > 0 {
 		res, pems, err := p.sendBatch(ctx, plain)
@@ -520,11 +567,7 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 			return results, ems, err
 		}
 	}
-	batch := make([]delayed, len(later))
-	for k, d := range later {
-		batch[k] = delayed{em: &ems[d.i], target: QueueID{Topic: d.topic, Queue: d.q}, at: msgs[d.i].DeliverAt, res: &results[d.i]}
-	}
-	if err := p.b.delay.placeBatch(ctx, batch); err != nil {
+	if err := p.b.delay.placeBatchFrom(ctx, later, dc.guess()); err != nil {
 		return results, ems, &Error{Op: "send batch: delayed messages", Err: err}
 	}
 	return results, ems, nil
