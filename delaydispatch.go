@@ -192,7 +192,7 @@ func (d *delayer) act(a *delayAction, now time.Time) int {
 	if a.deliverAt.After(now) { // down a level (its tag is made anew)
 		down := *a.msg
 		down.Tag, down.DedupKey = a.tag, moveKey(a)
-		_, err := d.placeAt(d.ctx, placing{em: &down, target: a.target, at: a.deliverAt, inc: a.inc, now: now, own: true})
+		_, err := d.placeAt(d.ctx, &placing{em: &down, target: a.target, at: a.deliverAt, inc: a.inc, now: now, own: true})
 		if errors.Is(err, errDueNow) {
 			// The clock passed its due time since now was read: it is
 			// delivered in its due time's turn, not written to a level

@@ -14,7 +14,7 @@ import (
 // place writes em, stamped and routed to target, to the delay level for
 // a delivery at at. wait false: a full level queue is ErrQueueFull.
 func (d *delayer) place(ctx context.Context, em *EnhancedMessage, target QueueID, at time.Time, wait bool) (SendResult, error) {
-	return d.placeFrom(ctx, placing{em: em, target: target, at: at, inc: d.incarnation(target), wait: wait})
+	return d.placeFrom(ctx, &placing{em: em, target: target, at: at, inc: d.incarnation(target), wait: wait})
 }
 
 // placing is a message to place: em, stamped and routed to target
@@ -36,7 +36,7 @@ type placing struct {
 }
 
 // placeFrom is place for pl.
-func (d *delayer) placeFrom(ctx context.Context, pl placing) (SendResult, error) {
+func (d *delayer) placeFrom(ctx context.Context, pl *placing) (SendResult, error) {
 	res, err := d.placeAt(ctx, pl)
 	if errors.Is(err, errDueNow) {
 		return d.deliverNow(ctx, pl.em, pl.target, pl.at, pl.wait)
@@ -110,7 +110,7 @@ func (d *delayer) incarnation(target QueueID) uint64 {
 
 // placeAt is placeFrom, or errDueNow when pl.at is due by the clock
 // read under the level's write lock (pl.em is then as it was).
-func (d *delayer) placeAt(ctx context.Context, pl placing) (SendResult, error) {
+func (d *delayer) placeAt(ctx context.Context, pl *placing) (SendResult, error) {
 	em, target, at := pl.em, pl.target, pl.at
 	if err := checkDueTime(at); err != nil {
 		return SendResult{}, err
@@ -175,7 +175,7 @@ func delayedMessage(w *EnhancedMessage, lv *level, em *EnhancedMessage, target Q
 		lv.tags = make([]byte, 0, tagBlock)
 	}
 	start := len(lv.tags)
-	lv.tags = appendDelayTag(lv.tags, em, target, at, hop, inc)
+	lv.tags = lv.appendTag(lv.tags, em, target, at, hop, inc)
 	fillDelayed(w, lv, em, unsafe.String(&lv.tags[start], len(lv.tags)-start))
 	return w
 }
@@ -255,7 +255,7 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 				alone = append(alone, i)
 				continue
 			}
-			tags = appendDelayTag(tags, m.em, m.target, m.at, now.Add(hop), m.inc)
+			tags = lv.appendTag(tags, m.em, m.target, m.at, now.Add(hop), m.inc)
 			ends = append(ends, len(tags))
 			placed = append(placed, i)
 		}
@@ -290,7 +290,7 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 		}
 		for _, i := range alone {
 			m := ms[i]
-			res, err := d.placeFrom(ctx, placing{em: m.em, target: m.target, at: m.at, inc: m.inc, own: m.own, wait: true})
+			res, err := d.placeFrom(ctx, &placing{em: m.em, target: m.target, at: m.at, inc: m.inc, own: m.own, wait: true})
 			if err != nil {
 				return err
 			}
@@ -303,16 +303,41 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 // appendDelayTag appends to b the tag of em as a level stores it: bound
 // for target (incarnation inc of its topic) at at, its hop ending at hop.
 func appendDelayTag(b []byte, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) []byte {
+	b = appendDelayTimes(b, at, hop)
+	b = appendDelayTarget(b, target, inc)
+	return append(b, em.Tag...)
+}
+
+// appendDelayTimes appends the head of a level's tag: its due time and
+// the end of its hop.
+func appendDelayTimes(b []byte, at, hop time.Time) []byte {
 	b = strconv.AppendInt(b, at.UnixNano(), 10)
 	b = append(b, ',')
 	b = strconv.AppendInt(b, hop.UnixNano(), 10)
-	b = append(b, ',')
+	return append(b, ',')
+}
+
+// appendDelayTarget appends the middle of a level's tag: its target
+// queue, its incarnation and its topic, up to the '|'.
+func appendDelayTarget(b []byte, target QueueID, inc uint64) []byte {
 	b = strconv.AppendInt(b, int64(target.Queue), 10)
 	b = append(b, ',')
 	b = strconv.AppendUint(b, inc, 10)
 	b = append(b, ',')
 	b = append(b, target.Topic...)
-	b = append(b, '|')
+	return append(b, '|')
+}
+
+// appendTag is appendDelayTag, with the middle of the last tag the level
+// made kept for the next (most go to the same target). The caller holds
+// lv.wmu.
+func (lv *level) appendTag(b []byte, em *EnhancedMessage, target QueueID, at, hop time.Time, inc uint64) []byte {
+	b = appendDelayTimes(b, at, hop)
+	if lv.target.text == nil || lv.target.id != target || lv.target.inc != inc {
+		lv.target.id, lv.target.inc = target, inc
+		lv.target.text = appendDelayTarget(lv.target.text[:0], target, inc)
+	}
+	b = append(b, lv.target.text...)
 	return append(b, em.Tag...)
 }
 

@@ -231,7 +231,7 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 		if dc := (dueCheck{p: p, stamp: now}); dc.later(m) {
 			// With no hook to see it, the envelope becomes the level's
 			// message.
-			res, err := p.b.delay.placeFrom(ctx, placing{em: em, target: QueueID{Topic: t.meta.Name, Queue: i},
+			res, err := p.b.delay.placeFrom(ctx, &placing{em: em, target: QueueID{Topic: t.meta.Name, Queue: i},
 				at: m.DeliverAt, inc: t.meta.Incarnation, now: dc.guess(), own: p.hooks == nil, wait: wait})
 			if p.hooks != nil {
 				p.hooks.onSent(ctx, em, err)
