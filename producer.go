@@ -263,48 +263,6 @@ func (p *Producer) delayed(m *Message) bool {
 	return !m.DeliverAt.IsZero() && m.DeliverAt.After(p.b.time.Now())
 }
 
-// surelyLater is how much later than a stamp (see coarseClock) a due
-// time must be for dueCheck to take it for later than now without
-// reading the clock: far more than a stamp can be off.
-const surelyLater = time.Second
-
-// dueCheck says which messages go to a delay level (are due later than
-// now), reading the broker's clock at most once: for a send, a batch.
-// stamp is the stamp the messages are sent with: on the system clock a
-// due time much later than it is later than now, without a read (the
-// level's own reading under its lock decides where a message goes, and
-// delivers it now if it is due by then); a read costs as much as a
-// quarter of a plain Send.
-type dueCheck struct {
-	p     *Producer
-	stamp time.Time
-	at    time.Time // the clock reading, once read
-}
-
-// later reports whether m is due later than now.
-func (c *dueCheck) later(m *Message) bool {
-	if m == nil || m.DeliverAt.IsZero() {
-		return false
-	}
-	if c.at.IsZero() {
-		if _, sys := c.p.b.time.(systemClock); sys && m.DeliverAt.Sub(c.stamp) > surelyLater {
-			return true
-		}
-		c.at = c.p.b.time.Now()
-	}
-	return m.DeliverAt.After(c.at)
-}
-
-// guess returns a reading of the broker's clock to pick the first level
-// to try with (see placing): the clock read, else the stamp, which
-// serves on the system clock.
-func (c *dueCheck) guess() time.Time {
-	if c.at.IsZero() {
-		return c.stamp
-	}
-	return c.at
-}
-
 // writeAt writes msgs to q. A MemoryQueue takes now, the clock reading the
 // messages were stamped with, as their StoreTime instead of reading the
 // clock again (unless it waits for room).
