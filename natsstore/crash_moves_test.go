@@ -312,6 +312,39 @@ func TestMovesCrashNATS(t *testing.T) {
 	require.NoError(t, sp.Close())
 	require.NoError(t, setup.close())
 
+	// Who holds the delay lock (level 0's lock in group ferry-delay: see
+	// the root package's delay.go), over time: a member per process.
+	js := c.connect(t)
+	locks, err := js.KeyValue(ctx, prefix+"_locks")
+	require.NoError(t, err)
+	watch, err := locks.Watch(ctx, "ferry-delay.>")
+	require.NoError(t, err)
+	var hmu sync.Mutex
+	var holders []string // in the order they took the lock
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for e := range watch.Updates() { // read until Stop closes it
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			h := holderOf(e.Value())
+			hmu.Lock()
+			if len(holders) == 0 || holders[len(holders)-1] != h {
+				holders = append(holders, h)
+			}
+			hmu.Unlock()
+		}
+	}()
+	stopWatch := func() {
+		if watch != nil {
+			_ = watch.Stop()
+			<-watched
+			watch = nil
+		}
+	}
+	defer stopWatch()
+
 	// natsMovesSlots children at once, each killed after a random number
 	// of lines and followed by the next of its slot.
 	type result struct {
@@ -324,7 +357,7 @@ func TestMovesCrashNATS(t *testing.T) {
 	lines := make([][]int, natsMovesSlots)
 	for s := range lines {
 		for range natsMovesRuns {
-			lines[s] = append(lines[s], 400+rng.IntN(1200))
+			lines[s] = append(lines[s], 300+rng.IntN(900))
 		}
 	}
 	var wg sync.WaitGroup
@@ -377,6 +410,9 @@ func TestMovesCrashNATS(t *testing.T) {
 		t.Logf("run %d: killed after %d lines, %d sends acknowledged", r.run, len(r.lines), n)
 	}
 	require.NotEmpty(t, acked)
+	hmu.Lock()
+	byChildren := len(holders)
+	hmu.Unlock()
 
 	// Drain with brokers of the parent's: the children's leases end
 	// within natsMovesTTL.
@@ -426,6 +462,11 @@ func TestMovesCrashNATS(t *testing.T) {
 		return true
 	}
 	ferrytest.WaitFor(t, 60*time.Second, "nothing pending", quiet, wake)
+	stopWatch()
+	// The last child to hold the delay lock was killed holding it: a
+	// broker of the parent's took it over.
+	t.Logf("the delay lock was taken %d times by the children's brokers, %d in all: %v", byChildren, len(holders), holders)
+	require.GreaterOrEqual(t, len(holders), 2, "the delay lock passed from a killed broker to another")
 
 	// What the moves stored.
 	entries := func(topic string, kept []int64, key func(*ferry.EnhancedMessage) string) map[string]int {
