@@ -168,11 +168,15 @@ type level struct {
 	n     int
 	t     *topicState
 	queue Queue
-	// wmu is held by a write to the level around its clock reading, and
-	// by a check that the mover has read everything: a write is then
-	// either seen by the check or stamped after it.
-	wmu  sync.Mutex
-	tags []byte // under wmu: the block the level's tags are cut from (see delayedMessage)
+	// wmu is held by a write to the level around its placement time (see
+	// level.placeTime), and by a check that the mover has read
+	// everything: a write is then either seen by the check or placed no
+	// earlier than its reading.
+	wmu sync.Mutex
+	// floor is under wmu: no earlier than the placement time of the
+	// level's last message and the reading of the last such check.
+	floor time.Time
+	tags  []byte // under wmu: the block the level's tags are cut from (see delayedMessage)
 	// Under wmu: the target of the last message written, and the middle
 	// of its tag (see level.appendTag).
 	target struct {

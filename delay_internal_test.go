@@ -67,3 +67,35 @@ func TestDelayOldHeadersAreRead(t *testing.T) {
 	d := delivered(&topicState{meta: TopicMeta{Name: "jobs"}}, old, a.tag, "key", a.deliverAt)
 	assert.Equal(t, map[string]string{"a": "1", HeaderDeliverAt: "2000"}, d.Headers)
 }
+
+// stoppedClock is a clock that stands still at its time.
+type stoppedClock struct{ at time.Time }
+
+func (c stoppedClock) Now() time.Time                        { return c.at }
+func (c stoppedClock) AfterFunc(time.Duration, func()) Timer { return nil }
+
+// A level's placement time is its guess, or its floor if that is later,
+// and raises the floor; only a reading of the clock says a message is
+// due: one due by the placement time (a stamp ahead of the clock) but not
+// by the clock goes to level 0, not to its target now.
+func TestPlaceTime(t *testing.T) {
+	now := time.Unix(1_000, 0)
+	d := &delayer{clock: stoppedClock{now}}
+	lv := &level{floor: now.Add(time.Second)}
+	got, err := lv.placeTime(d, now, now.Add(time.Hour))
+	require.NoError(t, err)
+	assert.True(t, got.Equal(now.Add(time.Second)), "a guess behind the floor: the floor")
+	got, err = lv.placeTime(d, now.Add(2*time.Second), now.Add(time.Hour))
+	require.NoError(t, err)
+	assert.True(t, got.Equal(now.Add(2*time.Second)), "a guess ahead of the floor: the guess")
+	assert.True(t, lv.floor.Equal(got), "the floor follows")
+
+	at := now.Add(5 * time.Millisecond) // due by the floor, not by the clock
+	got, err = lv.placeTime(d, now, at)
+	require.NoError(t, err)
+	n, _ := delayLevel(at.Sub(got))
+	assert.Zero(t, n, "level 0, which acts at the due time")
+
+	_, err = lv.placeTime(d, now.Add(-time.Second), now)
+	assert.ErrorIs(t, err, errDueNow, "due by the clock")
+}
