@@ -20,11 +20,11 @@ func (d *delayer) place(ctx context.Context, em *EnhancedMessage, target QueueID
 // placing is a message to place: em, stamped and routed to target
 // (incarnation inc of its topic), due at at; wait false: a full level
 // queue is ErrQueueFull. now, unless zero, is a reading of the
-// delayer's clock taken just before, which picks the level to try first
-// (the level's own reading under its lock decides). own says em is the
-// caller's to reuse: it becomes the level's message instead of a copy
-// (a producer's envelope no hook sees), once the message is known to go
-// to a level (not delivered now).
+// delayer's clock taken just before, or a stamp (see dueCheck): the
+// guess its placement time comes from (see level.placeTime). own says
+// em is the caller's to reuse: it becomes the level's message instead
+// of a copy (a producer's envelope no hook sees), once the message is
+// known to go to a level (not delivered now).
 type placing struct {
 	em     *EnhancedMessage
 	target QueueID
@@ -52,9 +52,9 @@ const surelyLater = time.Second
 // dueCheck says which messages go to a delay level (are due later than
 // now), reading the broker's clock at most once: for a send, a batch.
 // stamp is the stamp the messages are sent with: on the system clock a
-// due time much later than it is later than now, without a read (the
-// level's own reading under its lock decides where a message goes, and
-// delivers it now if it is due by then); a read costs as much as a
+// due time much later than it is later than now, without a read (a
+// stamp can be off, but not by that much; and only a reading says a
+// message is due, see level.placeTime); a read costs as much as a
 // quarter of a plain Send.
 type dueCheck struct {
 	p     *Producer
@@ -151,7 +151,8 @@ func (d *delayer) incarnation(target QueueID) uint64 {
 }
 
 // placeAt is placeFrom, or errDueNow when pl.at is due by the clock
-// read under the level's write lock (pl.em is then as it was).
+// read under the level's write lock (see level.placeTime; pl.em is then
+// as it was).
 func (d *delayer) placeAt(ctx context.Context, pl *placing) (SendResult, error) {
 	em, target, at := pl.em, pl.target, pl.at
 	if err := checkDueTime(at); err != nil {
