@@ -1,6 +1,8 @@
 package ferry
 
 import (
+	"math"
+	"strconv"
 	"testing"
 	"time"
 
@@ -98,4 +100,10 @@ func TestPlaceTime(t *testing.T) {
 
 	_, err = lv.placeTime(d, now.Add(-time.Second), now)
 	assert.ErrorIs(t, err, errDueNow, "due by the clock")
+}
+
+func TestDecimalLen(t *testing.T) {
+	for _, u := range []uint64{0, 1, 9, 10, 99, 100, 1_700_000_000_123_456_789, 9_999_999_999_999_999_999, 10_000_000_000_000_000_000, math.MaxUint64} {
+		assert.Equal(t, len(strconv.FormatUint(u, 10)), decimalLen(u), "%d", u)
+	}
 }

@@ -280,10 +280,13 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 	if guess.IsZero() {
 		guess = d.clock.Now()
 	}
+	room := 0 // the tags' length, at most (a hop ends before its due time)
 	for _, m := range ms {
 		if err := checkDueTime(m.at); err != nil {
 			return err
 		}
+		room += 2*decimalLen(uint64(max(0, m.at.UnixNano()))) + decimalLen(uint64(max(0, m.target.Queue))) + decimalLen(m.inc) +
+			len(m.target.Topic) + len(m.em.Tag) + 5
 	}
 	// Each message's level, and the levels there are (most batches have
 	// one): messages are taken per level in their order.
@@ -315,7 +318,7 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 		// The level's messages come from one slab, their tags from one
 		// string (they move at about the same time, and go together).
 		if tags == nil {
-			tags = make([]byte, 0, 64*len(ms))
+			tags = make([]byte, 0, room)
 		}
 		for i, m := range ms {
 			if int(levels[i]) != n {
@@ -335,7 +338,8 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 		if len(placed) > 0 {
 			var slab []EnhancedMessage // for the messages not the caller's to reuse
 			// The tags' bytes are not written again (tags starts
-			// anew for the next level).
+			// anew for the next level); room is their length, but for
+			// a digit here and there.
 			all := unsafe.String(&tags[0], len(tags))
 			tags = nil
 			start := 0
@@ -371,6 +375,15 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 		}
 	}
 	return nil
+}
+
+// decimalLen returns how many digits u has in decimal.
+func decimalLen(u uint64) int {
+	n := 1
+	for p := uint64(10); n < 20 && u >= p; p *= 10 {
+		n++
+	}
+	return n
 }
 
 // appendDelayTag appends to b the tag of em as a level stores it: bound
