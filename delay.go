@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -143,8 +144,11 @@ type delayer struct {
 	closed  bool
 	serving bool // serve (for the delay lock), the dispatcher and the committer run
 	levels  [delayLevels]*level
-	due     actionHeap
-	seq     uint64
+	// open is levels, for a send to read without the lock (a level is
+	// never closed before the delayer).
+	open [delayLevels]atomic.Pointer[level]
+	due  actionHeap
+	seq  uint64
 	// parked holds, per target queue, the due actions that wait for it
 	// (a full Block queue, a failing write), in order: a target that
 	// cannot take a message waits alone, and its later actions wait
@@ -164,10 +168,22 @@ type level struct {
 	n     int
 	t     *topicState
 	queue Queue
-	// wmu is held by a write to the level around its clock reading, and
-	// by a check that the mover has read everything: a write is then
-	// either seen by the check or stamped after it.
+	// wmu is held by a write to the level around its placement time (see
+	// level.placeTime), and by a check that the mover has read
+	// everything: a write is then either seen by the check or placed no
+	// earlier than its reading.
 	wmu sync.Mutex
+	// floor is under wmu: no earlier than the placement time of the
+	// level's last message and the reading of the last such check.
+	floor time.Time
+	tags  []byte // under wmu: the block the level's tags are cut from (see delayedMessage)
+	// Under wmu: the target of the last message written, and the middle
+	// of its tag (see level.appendTag).
+	target struct {
+		id   QueueID
+		inc  uint64
+		text []byte
+	}
 
 	// Under delayer.mu:
 	owned bool   // this broker holds the delay lock and moves the level
@@ -222,10 +238,7 @@ func checkDueTime(at time.Time) error {
 // level returns level n, creating its topic if needed, and makes sure
 // this broker serves the delays.
 func (d *delayer) level(ctx context.Context, n int) (*level, error) {
-	d.mu.Lock()
-	lv := d.levels[n]
-	d.mu.Unlock()
-	if lv != nil {
+	if lv := d.open[n].Load(); lv != nil {
 		return lv, nil
 	}
 	name := delayTopic(n)
@@ -250,6 +263,7 @@ func (d *delayer) run(n int) (*level, error) {
 	if lv == nil {
 		lv = &level{n: n, t: t, queue: t.queues[0]}
 		d.levels[n] = lv
+		d.open[n].Store(lv)
 	}
 	if !d.serving && !d.closed {
 		d.serving = true

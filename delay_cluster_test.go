@@ -2,6 +2,7 @@ package ferry_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"testing"
@@ -111,6 +112,141 @@ func delayedOrderAcross(t *testing.T, busy int) {
 		if !slices.IsSortedFunc(bodies, func(a, b string) int { return due[a].Compare(due[b]) }) {
 			if bad == 0 {
 				t.Logf("key %s: %v, got at %v and %v", k, bodies, rec.at[bodies[0]].Sub(base), rec.at[bodies[1]].Sub(base))
+			}
+			bad++
+		}
+	}
+	assert.Zero(t, bad, "keys of %d delivered out of due order", keys)
+}
+
+// TestDelayOwnerHandsOver: three brokers over one storage, cursor store
+// and coordinator. Broker 0 alone makes the first delay level and moves
+// it (it holds the delay lock); brokers 1 and 2 join, 2 with an ordered
+// consumer. Brokers 0 and 1 send 40 keys' messages, 6 a key, due 0.3 to
+// 2.3 s ahead in an order of their own, through the levels; once a
+// quarter of them arrived, broker 0 closes while the others are due, and
+// another broker takes the levels over from their committed cursors.
+// Every message arrives, none early, each key's in due order, and each
+// is stored once in its topic (the moves the new owner does again are
+// under the keys of the first).
+func TestDelayOwnerHandsOver(t *testing.T) {
+	const keys, perKey = 40, 6
+	ctx := t.Context()
+	storage, cursors, coord := ferry.NewMemoryStorage(), ferry.NewMemoryCursorStore(), ferry.NewMemoryCoordinator()
+	bs := make([]*ferry.Broker, 3)
+	closed := make([]bool, len(bs))
+	t.Cleanup(func() {
+		for i, b := range bs {
+			if b != nil && !closed[i] {
+				assert.NoError(t, b.Close())
+			}
+		}
+		assert.NoError(t, coord.Close())
+		assert.NoError(t, cursors.Close())
+		assert.NoError(t, storage.Close())
+	})
+	open := func(i int) {
+		b, err := ferry.NewBroker(ferry.WithStorage(storage), ferry.WithCursorStore(cursors), ferry.WithCoordinator(coord))
+		require.NoError(t, err)
+		bs[i] = b
+	}
+	open(0)
+	require.NoError(t, bs[0].CreateTopic(ctx, ferry.TopicMeta{Name: "jobs", Queues: 4}))
+	require.NoError(t, bs[0].CreateTopic(ctx, ferry.TopicMeta{Name: "first", Queues: 1}))
+	p0, err := bs[0].NewProducer()
+	require.NoError(t, err)
+	// Broker 0, alone, makes the first level and moves it: the message
+	// arrives once it holds the delay lock.
+	_, err = p0.Send(ctx, &ferry.Message{Topic: "first", Body: []byte("x"), DeliverAt: time.Now().Add(10 * time.Millisecond)})
+	require.NoError(t, err)
+	firstQ, err := bs[0].Queue("first", 0)
+	require.NoError(t, err)
+	ferrytest.WaitFor(t, 10*time.Second, "broker 0 moves the levels", func() bool { _, next := firstQ.Offsets(); return next == 1 }, nil)
+	open(1)
+	open(2)
+	rec := newReceipts(systemClock{})
+	c, err := bs[2].NewConsumer("g", "jobs", rec.handler(), ferry.Ordered())
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	p1, err := bs[1].NewProducer()
+	require.NoError(t, err)
+	defer p1.Close()
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 27))
+	type plan struct {
+		m  *ferry.Message
+		p  *ferry.Producer
+		at time.Time
+	}
+	start := time.Now()
+	due := map[string]time.Time{}
+	var plans []plan
+	for k := range keys {
+		for j := range perKey {
+			// Distinct due times (a microsecond apart at least).
+			at := start.Add(300*time.Millisecond + time.Duration(rng.Int64N(int64(2*time.Second)))).Add(time.Duration(k*perKey+j) * time.Microsecond)
+			body := fmt.Sprintf("k%d-%d", k, j)
+			due[body] = at
+			p := p0
+			if rng.IntN(2) == 1 {
+				p = p1
+			}
+			plans = append(plans, plan{&ferry.Message{Topic: "jobs", Key: strconv.Itoa(k), Body: []byte(body), DeliverAt: at}, p, at})
+		}
+	}
+	rng.Shuffle(len(plans), func(i, j int) { plans[i], plans[j] = plans[j], plans[i] })
+	for _, pl := range plans {
+		_, err := pl.p.Send(ctx, pl.m)
+		require.NoError(t, err)
+	}
+	require.NoError(t, p0.Close())
+	total := keys * perKey
+	ferrytest.WaitFor(t, 20*time.Second, "a quarter of the messages", func() bool { return rec.count() >= total/4 }, rec.wake)
+	require.NoError(t, bs[0].Close())
+	closed[0] = true
+	left := total - rec.count()
+	t.Logf("broker 0 closed %v after the first send, %d of %d messages not arrived yet", time.Since(start).Round(time.Millisecond), left, total)
+	require.Positive(t, left, "broker 0 closed with messages still to move")
+	ferrytest.WaitFor(t, 30*time.Second, "every message", func() bool { return rec.count() == total }, rec.wake)
+
+	stored := map[string]int{}
+	buf := make([]*ferry.EnhancedMessage, 256)
+	for qi := range 4 {
+		q, err := bs[1].Queue("jobs", qi)
+		require.NoError(t, err)
+		oldest, next := q.Offsets()
+		require.Zero(t, oldest)
+		for off := oldest; off < next; {
+			n, err := q.Read(ctx, off, buf)
+			require.NoError(t, err)
+			for _, m := range buf[:n] {
+				stored[string(m.Body)]++
+			}
+			off += int64(n)
+		}
+	}
+	var twice []string
+	for body, n := range stored {
+		if n > 1 {
+			twice = append(twice, fmt.Sprintf("%s ×%d", body, n))
+		}
+	}
+	slices.Sort(twice)
+	assert.Empty(t, twice, "stored more than once in the topic")
+	assert.Len(t, stored, total)
+
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	t.Logf("handled more than once (at-least-once redelivery): %d", rec.dups)
+	for body, at := range rec.at {
+		assert.False(t, at.Before(due[body]), "%s delivered %v early", body, due[body].Sub(at))
+	}
+	bad := 0
+	for k, bodies := range rec.byKey {
+		if !slices.IsSortedFunc(bodies, func(a, b string) int { return due[a].Compare(due[b]) }) {
+			if bad == 0 {
+				t.Logf("key %s: got %v", k, bodies)
 			}
 			bad++
 		}

@@ -1,6 +1,8 @@
 package ferry
 
 import (
+	"math"
+	"strconv"
 	"testing"
 	"time"
 
@@ -16,7 +18,7 @@ func TestDelayTagRoundTrip(t *testing.T) {
 	h := map[string]string{"a": "1"}
 	em := &EnhancedMessage{Message: Message{Topic: "jobs", Key: "k", Tag: "red|blue", Headers: h, Body: []byte("x"), DedupKey: "%retry:x"}}
 	at, hop := time.Unix(0, 1_700_000_000_123_456_789), time.Unix(0, 1_700_000_000_000_000_001)
-	w := delayedMessage(lv, em, QueueID{Topic: "jobs", Queue: 3}, at, hop, 42)
+	w := delayedMessage(&EnhancedMessage{}, lv, em, QueueID{Topic: "jobs", Queue: 3}, at, hop, 42)
 	assert.Equal(t, h, w.Headers)
 	assert.Equal(t, "%retry:x", w.DedupKey)
 	w.Offset = 5
@@ -57,7 +59,7 @@ func TestDelayOldHeadersAreRead(t *testing.T) {
 	lv := &level{t: &topicState{meta: TopicMeta{Name: delayTopic(1)}}}
 	down := *old
 	down.Tag = a.tag
-	w := delayedMessage(lv, &down, a.target, a.deliverAt, a.hop, a.inc)
+	w := delayedMessage(&EnhancedMessage{}, lv, &down, a.target, a.deliverAt, a.hop, a.inc)
 	assert.Equal(t, map[string]string{"a": "1"}, w.Headers)
 	b, err := parseDelayed(w)
 	require.NoError(t, err)
@@ -66,4 +68,42 @@ func TestDelayOldHeadersAreRead(t *testing.T) {
 
 	d := delivered(&topicState{meta: TopicMeta{Name: "jobs"}}, old, a.tag, "key", a.deliverAt)
 	assert.Equal(t, map[string]string{"a": "1", HeaderDeliverAt: "2000"}, d.Headers)
+}
+
+// stoppedClock is a clock that stands still at its time.
+type stoppedClock struct{ at time.Time }
+
+func (c stoppedClock) Now() time.Time                        { return c.at }
+func (c stoppedClock) AfterFunc(time.Duration, func()) Timer { return nil }
+
+// A level's placement time is its guess, or its floor if that is later,
+// and raises the floor; only a reading of the clock says a message is
+// due: one due by the placement time (a stamp ahead of the clock) but not
+// by the clock goes to level 0, not to its target now.
+func TestPlaceTime(t *testing.T) {
+	now := time.Unix(1_000, 0)
+	d := &delayer{clock: stoppedClock{now}}
+	lv := &level{floor: now.Add(time.Second)}
+	got, err := lv.placeTime(d, now, now.Add(time.Hour))
+	require.NoError(t, err)
+	assert.True(t, got.Equal(now.Add(time.Second)), "a guess behind the floor: the floor")
+	got, err = lv.placeTime(d, now.Add(2*time.Second), now.Add(time.Hour))
+	require.NoError(t, err)
+	assert.True(t, got.Equal(now.Add(2*time.Second)), "a guess ahead of the floor: the guess")
+	assert.True(t, lv.floor.Equal(got), "the floor follows")
+
+	at := now.Add(5 * time.Millisecond) // due by the floor, not by the clock
+	got, err = lv.placeTime(d, now, at)
+	require.NoError(t, err)
+	n, _ := delayLevel(at.Sub(got))
+	assert.Zero(t, n, "level 0, which acts at the due time")
+
+	_, err = lv.placeTime(d, now.Add(-time.Second), now)
+	assert.ErrorIs(t, err, errDueNow, "due by the clock")
+}
+
+func TestDecimalLen(t *testing.T) {
+	for _, u := range []uint64{0, 1, 9, 10, 99, 100, 1_700_000_000_123_456_789, 9_999_999_999_999_999_999, 10_000_000_000_000_000_000, math.MaxUint64} {
+		assert.Equal(t, len(strconv.FormatUint(u, 10)), decimalLen(u), "%d", u)
+	}
 }

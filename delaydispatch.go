@@ -192,7 +192,7 @@ func (d *delayer) act(a *delayAction, now time.Time) int {
 	if a.deliverAt.After(now) { // down a level (its tag is made anew)
 		down := *a.msg
 		down.Tag, down.DedupKey = a.tag, moveKey(a)
-		_, err := d.placeAt(d.ctx, &down, a.target, a.deliverAt, a.inc, false)
+		_, err := d.placeAt(d.ctx, &placing{em: &down, target: a.target, at: a.deliverAt, inc: a.inc, now: now, own: true})
 		if errors.Is(err, errDueNow) {
 			// The clock passed its due time since now was read: it is
 			// delivered in its due time's turn, not written to a level
@@ -231,7 +231,7 @@ func (d *delayer) act(a *delayAction, now time.Time) int {
 	}
 	q := t.queues[a.target.Queue%len(t.queues)]
 	em := delivered(t, a.msg, a.tag, moveKey(a), a.deliverAt)
-	if err := write(d.ctx, q, em, false); err != nil {
+	if err := write(d.ctx, q, em, false, time.Time{}); err != nil {
 		if errors.Is(err, ErrClosed) && d.ctx.Err() == nil {
 			// Deleted, or created again, through another broker: the
 			// next try sees what the storage holds.

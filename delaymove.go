@@ -299,9 +299,10 @@ func (d *delayer) signal() {
 // of their times, across levels, even when a mover lags). A level waiting
 // for more messages is checked: if it has read everything, nothing it
 // will read acts before now, the clock reading taken before the check (a
-// write the check does not see reads the clock under the level's write
-// lock after the check let it go). One reading serves every level: the
-// owner checks all of them, most often empty. d.mu is held.
+// write the check does not see is placed no earlier than the level's
+// floor, which the check raises to now: see level.placeTime). One
+// reading serves every level: the owner checks all of them, most often
+// empty. d.mu is held.
 func (d *delayer) limit(now time.Time) time.Time {
 	lim := now
 	for _, lv := range d.levels {
@@ -311,6 +312,9 @@ func (d *delayer) limit(now time.Time) time.Time {
 		if lv.idle {
 			lv.wmu.Lock()
 			_, next := lv.queue.Offsets()
+			if now.After(lv.floor) {
+				lv.floor = now
+			}
 			lv.wmu.Unlock()
 			if lv.read >= next {
 				lv.front = now

@@ -227,12 +227,17 @@ func (p *Producer) send(ctx context.Context, m *Message, wait bool) (SendResult,
 	if err != nil {
 		return SendResult{}, err
 	}
-	if p.delayed(m) {
-		res, err := p.b.delay.place(ctx, em, QueueID{Topic: t.meta.Name, Queue: i}, m.DeliverAt, wait)
-		if p.hooks != nil {
-			p.hooks.onSent(ctx, em, err)
+	if !m.DeliverAt.IsZero() {
+		if dc := (dueCheck{p: p, stamp: now}); dc.later(m) {
+			// With no hook to see it, the envelope becomes the level's
+			// message.
+			res, err := p.b.delay.placeFrom(ctx, &placing{em: em, target: QueueID{Topic: t.meta.Name, Queue: i},
+				at: m.DeliverAt, inc: t.meta.Incarnation, now: dc.guess(), own: p.hooks == nil, wait: wait})
+			if p.hooks != nil {
+				p.hooks.onSent(ctx, em, err)
+			}
+			return res, err
 		}
-		return res, err
 	}
 	q := t.queues[i]
 	var first int64
@@ -376,12 +381,13 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 	if err := ctx.Err(); err != nil {
 		return nil, nil, &Error{Op: "send batch", Err: err}
 	}
+	now := p.b.clock.now()
+	dc := &dueCheck{p: p, stamp: now}
 	for _, m := range msgs {
-		if m != nil && p.delayed(m) {
-			return p.sendMixed(ctx, msgs)
+		if dc.later(m) {
+			return p.sendMixed(ctx, msgs, dc)
 		}
 	}
-	now := p.b.clock.now()
 	ems := make([]EnhancedMessage, len(msgs))
 	first := reserveIDs(len(msgs))
 	type target struct {
@@ -472,21 +478,21 @@ func (p *Producer) sendBatch(ctx context.Context, msgs []*Message) ([]SendResult
 // sendMixed is sendBatch for a batch with delayed messages: every
 // message is checked and routed before anything is written; then the
 // others are written as a batch, then the delayed ones, with one write
-// per delay level.
-func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult, []EnhancedMessage, error) {
-	type pending struct {
-		i     int
-		topic string
-		q     int
-	}
-	now := p.b.clock.now()
+// per delay level. dc says which are delayed, and holds the batch's
+// stamp.
+func (p *Producer) sendMixed(ctx context.Context, msgs []*Message, dc *dueCheck) ([]SendResult, []EnhancedMessage, error) {
+	now := dc.stamp
 	first := reserveIDs(len(msgs))
 	ems := make([]EnhancedMessage, len(msgs))
+	results := make([]SendResult, len(msgs))
+	for i := range results {
+		results[i].Offset = -1
+	}
 	var plain []*Message
 	var plainAt []int
-	var later []pending
+	later := make([]delayed, 0, len(msgs))
 	for i, m := range msgs {
-		if m == nil || !p.delayed(m) {
+		if !dc.later(m) {
 			plain = append(plain, m)
 			plainAt = append(plainAt, i)
 			continue
@@ -495,16 +501,15 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 		if err != nil {
 			return nil, ems[:0], &Error{Op: fmt.Sprintf("send batch: message %d", i), Err: err}
 		}
-		later = append(later, pending{i, t.meta.Name, q})
+		// With no hook to see it, the envelope becomes the level's
+		// message.
+		later = append(later, delayed{em: &ems[i], target: QueueID{Topic: t.meta.Name, Queue: q}, at: m.DeliverAt,
+			res: &results[i], inc: t.meta.Incarnation, own: p.hooks == nil})
 	}
 	for _, m := range plain { // checked before anything is written
 		if _, err := p.check(m); err != nil {
 			return nil, ems[:0], &Error{Op: "send batch", Err: err}
 		}
-	}
-	results := make([]SendResult, len(msgs))
-	for i := range results {
-		results[i].Offset = -1
 	}
 	if len(plain) > 0 {
 		res, pems, err := p.sendBatch(ctx, plain)
@@ -520,11 +525,7 @@ func (p *Producer) sendMixed(ctx context.Context, msgs []*Message) ([]SendResult
 			return results, ems, err
 		}
 	}
-	batch := make([]delayed, len(later))
-	for k, d := range later {
-		batch[k] = delayed{em: &ems[d.i], target: QueueID{Topic: d.topic, Queue: d.q}, at: msgs[d.i].DeliverAt, res: &results[d.i]}
-	}
-	if err := p.b.delay.placeBatch(ctx, batch); err != nil {
+	if err := p.b.delay.placeBatchFrom(ctx, later, dc.guess()); err != nil {
 		return results, ems, &Error{Op: "send batch: delayed messages", Err: err}
 	}
 	return results, ems, nil

@@ -13,6 +13,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
 	}
+	if os.Getenv(natsMovesEnv) != "" {
+		os.Exit(natsMovesChild())
+	}
 	if os.Getenv(serverEnv) != "" {
 		os.Exit(serverMain())
 	}
