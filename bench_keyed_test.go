@@ -44,12 +44,14 @@ func BenchmarkOrderedByKey(b *testing.B) {
 	}
 }
 
-// BenchmarkOrderedByKeyPair alternates CPU-bound drains of 200,000
+// BenchmarkOrderedByKeyPair alternates CPU-bound drains of 1,000,000
 // messages over 1,000 keys, OrderedByKey and concurrent mode, 7 rounds
 // each: Concurrent/OrderedByKey of the median times is OrderedByKey's
-// throughput as a fraction of concurrent mode's (goal ≥ 0.8).
+// throughput as a fraction of concurrent mode's (goal ≥ 0.8). Drains of
+// 200,000 (20 ms) gave 0.63–1.01 on a quiet machine; at 1,000,000 three
+// runs agree within 0.01.
 func BenchmarkOrderedByKeyPair(b *testing.B) {
-	const n = 200_000
+	const n = 1_000_000
 	for b.Loop() {
 		pairRatio(b, 7, "OrderedByKey", "Concurrent",
 			func() cost { return drainKeyed(b, n, ferry.OrderedByKey(), 0) },
