@@ -78,6 +78,9 @@ func (d *delayer) dispatch() {
 		var t Timer
 		if wait >= 0 {
 			t = d.clock.AfterFunc(wait, d.signal)
+			if d.clock.Now().Sub(now) > clockSlack {
+				d.signal() // set late (see clockSlack): look again
+			}
 		}
 		select {
 		case <-d.wake:

@@ -203,7 +203,7 @@ func (d *delayer) readLoop(ctx context.Context, lv *level) {
 			lv.idle = false
 			lv.front = a.hop
 			d.mu.Unlock()
-			if w := a.hop.Add(-delayWindow).Sub(d.clock.Now()); w > 0 && !d.sleep(ctx, w) {
+			if !d.sleepUntil(ctx, a.hop.Add(-delayWindow)) {
 				return
 			}
 			d.mu.Lock()
@@ -274,16 +274,28 @@ func parseDelayTag(v string) (at, hop int64, q int, inc uint64, topic, tag strin
 	return at, hop, q, inc, v, tag, errors.Join(err1, err2, err3, err4)
 }
 
-// sleep waits w on the delayer's clock; false if ctx ended first.
-func (d *delayer) sleep(ctx context.Context, w time.Duration) bool {
-	ch := make(chan struct{})
-	t := d.clock.AfterFunc(w, func() { close(ch) })
-	select {
-	case <-ch:
-		return true
-	case <-ctx.Done():
-		t.Stop()
-		return false
+// sleepUntil waits until the delayer's clock reads at; false if ctx
+// ended first.
+func (d *delayer) sleepUntil(ctx context.Context, at time.Time) bool {
+	for {
+		now := d.clock.Now()
+		w := at.Sub(now)
+		if w <= 0 {
+			return true
+		}
+		ch := make(chan struct{})
+		t := d.clock.AfterFunc(w, func() { close(ch) })
+		if d.clock.Now().Sub(now) > clockSlack {
+			t.Stop() // set late (see clockSlack): set it again
+			continue
+		}
+		select {
+		case <-ch:
+			return true
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
 	}
 }
 

@@ -23,6 +23,13 @@ type Timer interface {
 	Stop() bool
 }
 
+// clockSlack is how far a Clock may move between a reading of it and a
+// timer set from that reading (AfterFunc of the wait it computed) before
+// the timer is set again: a timer set later than its reading fires that
+// much late, and a fake clock that a test moves on another goroutine may
+// jump past the due time meanwhile and then never far enough.
+const clockSlack = time.Millisecond
+
 // WithClock sets the clock of delayed delivery and retries (see [Clock]).
 // Default: the system clock.
 func WithClock(c Clock) BrokerOption { return func(cfg *brokerConfig) { cfg.clock = c } }
