@@ -218,8 +218,7 @@ func (q *MemoryQueue) dedupe(msgs []*EnhancedMessage, size, now int64) ([]*Enhan
 	q.dups = q.dups[:0]
 	for i, m := range msgs {
 		if m.DedupKey != "" {
-			h := dedup.HashKey(m.DedupKey)
-			if e, dup := q.dd.Lookup(h, now); dup {
+			if e, dup := q.dd.Put(dedup.HashKey(m.DedupKey), dedup.Entry{Offset: next, ID: m.ID, Stored: now}, now); dup {
 				if !copied {
 					keep, copied = append(q.keep[:0], msgs[:i]...), true
 				}
@@ -227,7 +226,6 @@ func (q *MemoryQueue) dedupe(msgs []*EnhancedMessage, size, now int64) ([]*Enhan
 				size -= int64(m.Size())
 				continue
 			}
-			q.dd.Add(h, dedup.Entry{Offset: next, ID: m.ID, Stored: now})
 		}
 		next++
 		if copied {

@@ -108,15 +108,13 @@ func (q *queue) dedupe(msgs []*ferry.EnhancedMessage, now int64) ([]*ferry.Enhan
 	keep, copied := msgs, false // keep aliases msgs until the first duplicate
 	for i, m := range msgs {
 		if m.DedupKey != "" {
-			h := dedup.HashKey(m.DedupKey)
-			if e, dup := q.dd.Lookup(h, now); dup {
+			if e, dup := q.dd.Put(dedup.HashKey(m.DedupKey), dedup.Entry{Offset: next, ID: m.ID, Stored: now}, now); dup {
 				if !copied {
 					keep, copied = append(q.keep[:0], msgs[:i]...), true
 				}
 				m.Queue, m.Offset, m.ID, m.StoreUnixNano = q.id.Queue, e.Offset, e.ID, e.Stored
 				continue
 			}
-			q.dd.Add(h, dedup.Entry{Offset: next, ID: m.ID, Stored: now})
 		}
 		next++
 		if copied {

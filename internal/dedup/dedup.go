@@ -10,13 +10,15 @@
 // A window holds 128-bit hashes of the keys, not the keys: its entries
 // hold no pointers, so the garbage collector never scans them (a window
 // of millions of keys cost a Send four times its time when it held the
-// strings), and each takes 80 bytes whatever the key's length. Two
+// strings), and each takes 40 bytes in the list and a 64-byte slot in a
+// table at most three quarters full, whatever the key's length. Two
 // different keys share a hash with a probability below 2^-64 even for
 // 2^32 keys in one window.
 package dedup
 
 import (
 	"hash/maphash"
+	"math"
 	"time"
 )
 
@@ -45,11 +47,11 @@ type Entry struct {
 }
 
 // Window remembers the keys stored within the last window of time.
-// Memory is one map entry and one list item per key stored within the
+// Memory is one table slot and one list item per key stored within the
 // window: Expire drops the older ones.
 type Window struct {
 	window int64 // ns, > 0
-	keys   map[Hash]Entry
+	keys   table
 	// fifo lists the keys in the order added (about store time order), in
 	// chunks of chunkLen: the list grows and shrinks without copying.
 	// fifo[0][head:] and the later chunks' items are live; the last chunk
@@ -74,7 +76,7 @@ func New(d time.Duration) *Window {
 	if d <= 0 {
 		return nil
 	}
-	return &Window{window: int64(d), keys: make(map[Hash]Entry)}
+	return &Window{window: int64(d)}
 }
 
 // Duration returns the window's length.
@@ -87,11 +89,22 @@ func (w *Window) SetDuration(d time.Duration) { w.window = int64(d) }
 // Lookup returns the entry of key if it was stored less than the window
 // before now.
 func (w *Window) Lookup(key Hash, now int64) (Entry, bool) {
-	e, ok := w.keys[key]
+	e, ok := w.keys.get(key)
 	if !ok || now-e.Stored >= w.window {
 		return Entry{}, false
 	}
 	return e, true
+}
+
+// Put is Lookup, then Add of key as e when Lookup finds nothing (one
+// probe of the table where the two take two): it returns the entry of
+// key stored less than the window before now and true, or adds e.
+func (w *Window) Put(key Hash, e Entry, now int64) (Entry, bool) {
+	if old, dup := w.keys.put(key, e, now-w.window); dup {
+		return old, true
+	}
+	w.list(key, e)
+	return Entry{}, false
 }
 
 // Mark returns a point Rollback returns to.
@@ -99,7 +112,12 @@ func (w *Window) Mark() int { return w.added }
 
 // Add records that key was stored as e.
 func (w *Window) Add(key Hash, e Entry) {
-	w.keys[key] = e
+	w.keys.put(key, e, math.MaxInt64)
+	w.list(key, e)
+}
+
+// list appends key, just stored as e, to the list of what expires.
+func (w *Window) list(key Hash, e Entry) {
 	if len(w.fifo) == 0 || len(w.fifo[len(w.fifo)-1]) == chunkLen {
 		c := w.spare
 		if c == nil {
@@ -114,11 +132,7 @@ func (w *Window) Add(key Hash, e Entry) {
 }
 
 // forget deletes the map entry of it unless a later Add replaced it.
-func (w *Window) forget(it item) {
-	if e, ok := w.keys[it.key]; ok && e.Offset == it.offset {
-		delete(w.keys, it.key)
-	}
-}
+func (w *Window) forget(it item) { w.keys.delete(it.key, it.offset) }
 
 // Rollback forgets what was added since mark (and not expired since).
 func (w *Window) Rollback(mark int) {
@@ -161,12 +175,9 @@ func (w *Window) dropChunk(i int) {
 		w.fifo = w.fifo[:i]
 	}
 	if len(w.fifo) == 0 {
-		w.fifo, w.head = nil, 0
-		if len(w.keys) == 0 {
-			w.keys = make(map[Hash]Entry) // a burst is over: a map never shrinks
-		}
+		w.fifo, w.head = nil, 0 // the table gives its memory back as it empties
 	}
 }
 
 // Len returns the number of keys remembered.
-func (w *Window) Len() int { return len(w.keys) }
+func (w *Window) Len() int { return w.keys.len() }

@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -167,4 +168,81 @@ func BenchmarkHashKey(b *testing.B) {
 		h = HashKey("order-1234567")
 	}
 	_ = h
+}
+
+// The table against a map, under random puts, conditional puts and
+// deletes of a few hundred keys: growth, tombstones, rehashes in place,
+// and the shrink of an emptied table.
+func TestTableModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var tb table
+	model := map[Hash]Entry{}
+	keys := make([]Hash, 300)
+	for i := range keys {
+		keys[i] = HashKey(strconv.Itoa(i))
+	}
+	// Keys whose home slots collide: their low 8 bytes agree.
+	for i := 1; i < 8; i++ {
+		copy(keys[i][:8], keys[0][:8])
+	}
+	for step := range 200_000 {
+		k := keys[rng.IntN(len(keys))]
+		switch rng.IntN(4) {
+		case 0, 1:
+			e := Entry{Offset: int64(step), Stored: int64(step)}
+			since := int64(step - rng.IntN(100))
+			old, kept := tb.put(k, e, since)
+			m, ok := model[k]
+			if ok && m.Stored > since {
+				require.True(t, kept, "step %d", step)
+				require.Equal(t, m, old)
+			} else {
+				require.False(t, kept, "step %d", step)
+				model[k] = e
+			}
+		case 2:
+			var off int64
+			if m, ok := model[k]; ok && rng.IntN(2) == 0 {
+				off = m.Offset
+			}
+			tb.delete(k, off)
+			if m, ok := model[k]; ok && m.Offset == off {
+				delete(model, k)
+			}
+		case 3:
+			e, ok := tb.get(k)
+			m, mok := model[k]
+			require.Equal(t, mok, ok, "step %d", step)
+			require.Equal(t, m, e)
+		}
+		require.Equal(t, len(model), tb.len())
+		if step%50_000 == 0 { // empty it now and then
+			for k, m := range model {
+				tb.delete(k, m.Offset)
+				delete(model, k)
+			}
+			require.Zero(t, tb.len())
+			require.LessOrEqual(t, len(tb.slots), minSlots, "an emptied table gives its memory back")
+		}
+	}
+	require.LessOrEqual(t, tb.used*4, len(tb.slots)*3)
+}
+
+// Put adds a key or returns its fresh entry, as Lookup then Add.
+func TestWindowPut(t *testing.T) {
+	w := New(10)
+	_, dup := w.Put(HashKey("a"), Entry{Offset: 0, Stored: 100}, 100)
+	require.False(t, dup)
+	e, dup := w.Put(HashKey("a"), Entry{Offset: 1, Stored: 105}, 105)
+	require.True(t, dup)
+	assert.Equal(t, int64(0), e.Offset)
+	_, dup = w.Put(HashKey("a"), Entry{Offset: 2, Stored: 110}, 110)
+	require.False(t, dup, "a window old: stored anew")
+	e, ok := w.Lookup(HashKey("a"), 111)
+	require.True(t, ok)
+	assert.Equal(t, int64(2), e.Offset)
+	w.Expire(115) // the item of offset 0 goes, not the entry of offset 2
+	assert.Equal(t, 1, w.Len())
+	w.Expire(120)
+	assert.Zero(t, w.Len())
 }
