@@ -6,25 +6,31 @@ import "encoding/binary"
 // probing over the Hashes themselves. They are uniform already, so a
 // key's first 8 bytes are its home slot (no hashing again, as a map of
 // [16]byte would), and a lookup that adds a missing key, or a delete,
-// takes one probe sequence where a map takes two. A slot is 64 bytes, one
-// cache line. Deleted slots are tombstones until the next rehash.
+// takes one probe sequence where a map takes two. A probe reads control
+// bytes (64 to a cache line), one per slot: empty, gone (a tombstone,
+// until the next rehash) or 7 more bits of the key's hash; it reads a
+// slot only when those match, so a missing key, what most writes look
+// up, costs about one cache line of them however long its run is.
 type table struct {
-	slots []slot // len a power of two, or 0
-	live  int    // full slots
-	used  int    // full and tombstone slots
+	ctrl  []uint8 // per slot: empty, gone, or full|bits of the key
+	slots []slot  // len a power of two, or 0
+	live  int     // full slots
+	used  int     // full and tombstone slots
 }
 
 type slot struct {
-	key   Hash
-	e     Entry
-	state uint8 // empty, full or gone
+	key Hash
+	e   Entry
 }
 
 const (
-	empty uint8 = iota
-	full
-	gone
+	empty uint8 = 0
+	gone  uint8 = 1
+	full  uint8 = 0x80 // | 7 bits of the key's second half
 )
+
+// tag returns key's control byte.
+func tag(key Hash) uint8 { return full | key[8]&0x7f }
 
 // minSlots is the smallest table, and the size an emptied one goes back to.
 const minSlots = 64
@@ -41,10 +47,10 @@ func (t *table) home(key Hash) uint64 {
 // slot that ended it). The table must not be empty.
 func (t *table) find(key Hash) (int, bool) {
 	mask := uint64(len(t.slots) - 1)
+	want := tag(key)
 	free := -1
 	for i := t.home(key); ; i = (i + 1) & mask {
-		s := &t.slots[i]
-		switch s.state {
+		switch c := t.ctrl[i]; c {
 		case empty:
 			if free < 0 {
 				free = int(i)
@@ -54,8 +60,8 @@ func (t *table) find(key Hash) (int, bool) {
 			if free < 0 {
 				free = int(i)
 			}
-		default:
-			if s.key == key {
+		case want:
+			if t.slots[i].key == key {
 				return int(i), true
 			}
 		}
@@ -89,10 +95,11 @@ func (t *table) put(key Hash, e Entry, since int64) (Entry, bool) {
 		s.e = e
 		return Entry{}, false
 	}
-	if s.state == empty {
+	if t.ctrl[i] == empty {
 		t.used++
 	}
-	*s = slot{key: key, e: e, state: full}
+	t.ctrl[i] = tag(key)
+	*s = slot{key: key, e: e}
 	t.live++
 	return Entry{}, false
 }
@@ -106,7 +113,7 @@ func (t *table) delete(key Hash, offset int64) {
 	if !ok || t.slots[i].e.Offset != offset {
 		return
 	}
-	t.slots[i] = slot{state: gone}
+	t.ctrl[i], t.slots[i] = gone, slot{}
 	t.live--
 	if t.live == 0 && len(t.slots) > minSlots {
 		*t = table{} // a burst is over: give its memory back
@@ -120,12 +127,12 @@ func (t *table) rehash() {
 	if t.live*2 >= n {
 		n *= 2
 	}
-	old := t.slots
-	t.slots, t.live, t.used = make([]slot, n), 0, 0
-	for i := range old {
-		if s := &old[i]; s.state == full {
-			j, _ := t.find(s.key)
-			t.slots[j] = *s
+	oldCtrl, old := t.ctrl, t.slots
+	t.ctrl, t.slots, t.live, t.used = make([]uint8, n), make([]slot, n), 0, 0
+	for i, c := range oldCtrl {
+		if c&full != 0 {
+			j, _ := t.find(old[i].key)
+			t.ctrl[j], t.slots[j] = c, old[i]
 			t.live++
 			t.used++
 		}
