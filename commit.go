@@ -14,8 +14,10 @@ import (
 
 // commitCursor commits off for r's queue, with finished (the finished
 // set above it, see HandoffCursorStore) when the store keeps one, fenced by
-// the lease's token when the store can; ErrFenced loses the queue.
-func (r *queueRun) commitCursor(ctx context.Context, off int64, finished []int64) error {
+// the lease's token when the store can; ErrFenced loses the queue. now
+// says that a transaction log's floor must follow at once (a take, a
+// seek, the last commit), not at most every floorEvery.
+func (r *queueRun) commitCursor(ctx context.Context, off int64, finished []int64, now bool) error {
 	m := r.m
 	var err error
 	if r.cslot != nil {
@@ -37,7 +39,7 @@ func (r *queueRun) commitCursor(ctx context.Context, off int64, finished []int64
 		err = m.b.cursors.Commit(ctx, m.topic, m.scope, r.q, off)
 	}
 	if err == nil && r.tl != nil {
-		err = r.tl.commitFloor(ctx, off)
+		err = r.tl.commitFloor(ctx, off, now)
 	}
 	return err
 }
@@ -100,7 +102,7 @@ func (r *queueRun) load() (int64, error) {
 	}
 	if start != cur {
 		began := time.Now()
-		err := r.commitCursor(r.ctx, start, nil)
+		err := r.commitCursor(r.ctx, start, nil, true)
 		m.recordCommit(time.Since(began))
 		if err != nil {
 			return 0, &Error{Op: fmt.Sprintf("take %s", r.id), Err: err}
@@ -195,7 +197,7 @@ func (r *queueRun) commitLocked(final bool) error {
 	}
 	m := r.m
 	start := time.Now()
-	err := r.commitCursor(context.Background(), off, finished)
+	err := r.commitCursor(context.Background(), off, finished, final)
 	took := time.Since(start)
 	m.recordCommit(took)
 	if m.hooks != nil {

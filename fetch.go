@@ -301,7 +301,7 @@ func (r *queueRun) seek(req seekReq) {
 	if r.tl != nil {
 		r.tl.forget()
 	}
-	err := r.commitCursor(r.ctx, req.to, nil)
+	err := r.commitCursor(r.ctx, req.to, nil, true)
 	if err == nil {
 		r.committed = req.to
 	} else if r.ctx.Err() != nil {

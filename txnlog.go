@@ -34,7 +34,15 @@ type txnLog struct {
 	// the applied floor stays at or below the oldest.
 	applied   []txnApplied
 	committed int64 // the applied floor last committed
+	// floorAt is when the floor was last committed: the committer's
+	// commits commit it at most every floorEvery.
+	floorAt time.Time
 }
+
+// floorEvery is how often at most the committer commits a transaction
+// log's floor with the cursor: each is one more write to the cursor store
+// (a write and an fdatasync on filestore).
+const floorEvery = 50 * time.Millisecond
 
 type txnApplied struct{ at, off int64 }
 
@@ -487,8 +495,12 @@ func written(em, w *EnhancedMessage) {
 // at or above c, or this holding's last record (its marker at first),
 // so that the next owner's take reads every record it may need and
 // this holding's token first. The log is released below it.
-func (tl *txnLog) commitFloor(ctx context.Context, c int64) error {
+func (tl *txnLog) commitFloor(ctx context.Context, c int64, now bool) error {
 	tl.mu.Lock()
+	if !now && time.Since(tl.floorAt) < floorEvery {
+		tl.mu.Unlock()
+		return nil // a floor left lower only has the next owner read more of the log
+	}
 	floor := tl.last
 	kept := tl.applied[:0]
 	for _, a := range tl.applied {
@@ -519,6 +531,7 @@ func (tl *txnLog) commitFloor(ctx context.Context, c int64) error {
 	}
 	tl.mu.Lock()
 	tl.committed = max(tl.committed, floor)
+	tl.floorAt = time.Now()
 	tl.mu.Unlock()
 	if rel, ok := tl.lq.(Releaser); ok {
 		low, err := m.b.groups.releaseTo(ctx, tl.t, m.scope, tl.r.q, floor)
