@@ -313,8 +313,8 @@ const (
 // committer commits the cursors of owned queues whenever they may have
 // moved, until every queue is released or it has been idle for
 // workerIdle (the next markDirty starts it again). After a commit
-// failed it tries again with backoff, finishes or not, and does not
-// retire until one succeeds.
+// failed it tries again with backoff, finishes or not (they do not hurry
+// it), and does not retire until one succeeds.
 func (m *groupMember) committer() {
 	defer m.wg.Done()
 	var runs []*queueRun
@@ -328,6 +328,9 @@ func (m *groupMember) committer() {
 		select {
 		case <-m.dirty:
 			idle.Reset(workerIdle)
+			if failures > 0 {
+				continue // the backoff's timer tries again
+			}
 		case <-again.C:
 		case <-m.halt:
 			return // every run committed its last offset on release
