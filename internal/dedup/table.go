@@ -7,15 +7,16 @@ import "encoding/binary"
 // key's first 8 bytes are its home slot (no hashing again, as a map of
 // [16]byte would), and a lookup that adds a missing key, or a delete,
 // takes one probe sequence where a map takes two. A probe reads control
-// bytes (64 to a cache line), one per slot: empty, gone (a tombstone,
-// until the next rehash) or 7 more bits of the key's hash; it reads a
-// slot only when those match, so a missing key, what most writes look
-// up, costs about one cache line of them however long its run is.
+// bytes (64 to a cache line), one per slot: empty, or 7 more bits of the
+// key's hash; it reads a slot only when those match, so a missing key,
+// what most writes look up, costs about one cache line of them. A delete
+// moves the keys after it back into its place where their home slots
+// allow (no tombstones), so a window that churns keeps its runs short
+// and never rehashes in place: the table only grows, or empties.
 type table struct {
-	ctrl  []uint8 // per slot: empty, gone, or full|bits of the key
+	ctrl  []uint8 // per slot: empty, or full|bits of the key
 	slots []slot  // len a power of two, or 0
 	live  int     // full slots
-	used  int     // full and tombstone slots
 }
 
 type slot struct {
@@ -25,7 +26,6 @@ type slot struct {
 
 const (
 	empty uint8 = 0
-	gone  uint8 = 1
 	full  uint8 = 0x80 // | 7 bits of the key's second half
 )
 
@@ -42,27 +42,19 @@ func (t *table) home(key Hash) uint64 {
 	return binary.LittleEndian.Uint64(key[:8]) & uint64(len(t.slots)-1)
 }
 
-// find returns the slot of key and true, or false and the slot an
-// insert of key takes (the first tombstone on its way, else the empty
-// slot that ended it). The table must not be empty.
-func (t *table) find(key Hash) (int, bool) {
+// find returns the slot of key and true, or false and the empty slot
+// that ended the search (where an insert of key goes). The table must
+// not be empty.
+func (t *table) find(key Hash) (uint64, bool) {
 	mask := uint64(len(t.slots) - 1)
 	want := tag(key)
-	free := -1
 	for i := t.home(key); ; i = (i + 1) & mask {
-		switch c := t.ctrl[i]; c {
+		switch t.ctrl[i] {
 		case empty:
-			if free < 0 {
-				free = int(i)
-			}
-			return free, false
-		case gone:
-			if free < 0 {
-				free = int(i)
-			}
+			return i, false
 		case want:
 			if t.slots[i].key == key {
-				return int(i), true
+				return i, true
 			}
 		}
 	}
@@ -83,8 +75,8 @@ func (t *table) get(key Hash) (Entry, bool) {
 // put sets key's entry, unless the one there was stored after since:
 // then it returns that one and true.
 func (t *table) put(key Hash, e Entry, since int64) (Entry, bool) {
-	if (t.used+1)*4 > len(t.slots)*3 {
-		t.rehash()
+	if (t.live+1)*4 > len(t.slots)*3 {
+		t.grow()
 	}
 	i, ok := t.find(key)
 	s := &t.slots[i]
@@ -94,9 +86,6 @@ func (t *table) put(key Hash, e Entry, since int64) (Entry, bool) {
 		}
 		s.e = e
 		return Entry{}, false
-	}
-	if t.ctrl[i] == empty {
-		t.used++
 	}
 	t.ctrl[i] = tag(key)
 	*s = slot{key: key, e: e}
@@ -113,28 +102,33 @@ func (t *table) delete(key Hash, offset int64) {
 	if !ok || t.slots[i].e.Offset != offset {
 		return
 	}
-	t.ctrl[i], t.slots[i] = gone, slot{}
 	t.live--
 	if t.live == 0 && len(t.slots) > minSlots {
 		*t = table{} // a burst is over: give its memory back
+		return
 	}
+	// Backward shift: each later key of the run whose home slot is not
+	// cyclically between the hole and it moves into the hole, which
+	// moves to where it was, until the run ends.
+	mask := uint64(len(t.slots) - 1)
+	for j := (i + 1) & mask; t.ctrl[j] != empty; j = (j + 1) & mask {
+		if h := t.home(t.slots[j].key); (j-h)&mask >= (j-i)&mask {
+			t.ctrl[i], t.slots[i] = t.ctrl[j], t.slots[j]
+			i = j
+		}
+	}
+	t.ctrl[i], t.slots[i] = empty, slot{}
 }
 
-// rehash makes room: twice the slots when more than half are live, the
-// same number (without tombstones) otherwise.
-func (t *table) rehash() {
-	n := max(minSlots, len(t.slots))
-	if t.live*2 >= n {
-		n *= 2
-	}
+// grow doubles the slots (to minSlots from none).
+func (t *table) grow() {
+	n := max(minSlots, 2*len(t.slots))
 	oldCtrl, old := t.ctrl, t.slots
-	t.ctrl, t.slots, t.live, t.used = make([]uint8, n), make([]slot, n), 0, 0
+	t.ctrl, t.slots = make([]uint8, n), make([]slot, n)
 	for i, c := range oldCtrl {
-		if c&full != 0 {
+		if c != empty {
 			j, _ := t.find(old[i].key)
 			t.ctrl[j], t.slots[j] = c, old[i]
-			t.live++
-			t.used++
 		}
 	}
 }
