@@ -214,13 +214,17 @@ func (q *MemoryQueue) dedupe(msgs []*EnhancedMessage, size, now int64) ([]*Enhan
 	q.dd.Expire(now)
 	mark := q.dd.Mark()
 	next := q.base + int64(len(q.msgs)-q.head)
-	keep, copied := msgs, false // keep aliases msgs until the first duplicate
+	// kept is, from the first duplicate on (copied), what the write
+	// stores, in q.keep's array: it never aliases msgs, which may then stay
+	// on its caller's stack (a Send's batch of one).
+	var kept []*EnhancedMessage
+	copied := false
 	q.dups = q.dups[:0]
 	for i, m := range msgs {
 		if m.DedupKey != "" {
 			if e, dup := q.dd.Put(dedup.HashKey(m.DedupKey), dedup.Entry{Offset: next, ID: m.ID, Stored: now}, now); dup {
 				if !copied {
-					keep, copied = append(q.keep[:0], msgs[:i]...), true
+					kept, copied = append(q.keep[:0], msgs[:i]...), true
 				}
 				q.dups = append(q.dups, dupOf{m, e})
 				size -= int64(m.Size())
@@ -229,13 +233,14 @@ func (q *MemoryQueue) dedupe(msgs []*EnhancedMessage, size, now int64) ([]*Enhan
 		}
 		next++
 		if copied {
-			keep = append(keep, m)
+			kept = append(kept, m)
 		}
 	}
-	if copied {
-		q.keep = keep
+	if !copied {
+		return msgs, size, mark
 	}
-	return keep, size, mark
+	q.keep = kept
+	return kept, size, mark
 }
 
 // dupOf is a message a write does not store, and where the first one
