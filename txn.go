@@ -269,8 +269,12 @@ func (d *deliverer) outboxProducer() (*Producer, error) {
 // outbox in its context, and what it sent commits with msg's offset
 // when it succeeds (see txnLog.commit).
 func (d *deliverer) callOutbox(dctx *deliveryCtx, hc *handlerCtx, r *queueRun, msg, view *EnhancedMessage) error {
-	ob := &Outbox{d: d}
-	ctx := &outboxCtx{Context: hc, ob: ob}
+	both := &struct { // one allocation for the two
+		ob  Outbox
+		ctx outboxCtx
+	}{ob: Outbox{d: d}}
+	ob, ctx := &both.ob, &both.ctx
+	ctx.Context, ctx.ob = hc, ob
 	ob.ctx = ctx
 	var err error
 	if hs := d.m.hooks; hs != nil && (len(hs.handle) > 0 || len(hs.handled) > 0) {

@@ -238,7 +238,10 @@ func (tl *txnLog) newRecord(tag string, body []byte) *EnhancedMessage {
 // takeTxn), and the message goes back unfinished. A write refused
 // outright (too large) fails the attempt.
 func (tl *txnLog) commit(ctx context.Context, r *queueRun, off int64, outs []txnOutput) error {
-	rec := tl.newRecord(txnRecordTag+strconv.FormatInt(off, 10)+","+strconv.FormatUint(tl.token, 10), encodeTxnRecord(outs))
+	var tag [len(txnRecordTag) + 2*20 + 1]byte // the tag built on the stack: one string
+	b := strconv.AppendInt(append(tag[:0], txnRecordTag...), off, 10)
+	b = strconv.AppendUint(append(b, ','), tl.token, 10)
+	rec := tl.newRecord(string(b), encodeTxnRecord(outs))
 	dec := make([]decodedOutput, len(outs))
 	for i, o := range outs {
 		dec[i] = decodedOutput{topic: o.t.meta.Name, q: o.q, inc: o.t.meta.Incarnation, at: o.at, em: o.em}
@@ -435,6 +438,7 @@ func (tl *txnLog) applyOnce(ctx context.Context, recs []txnRecord) error {
 	}
 	var targets []target
 	prefix := "%txn:" + tl.name + ":" + strconv.Itoa(tl.r.q) + ":"
+	var keyBuf [192]byte // the outputs' keys built on the stack (a longer log name grows it)
 	for _, rec := range recs {
 		var key []byte
 		for i := range rec.outs {
@@ -450,7 +454,7 @@ func (tl *txnLog) applyOnce(ctx context.Context, recs []txnRecord) error {
 			w := *o.em // a fresh message each time: the queue keeps it
 			if w.DedupKey == "" {
 				if key == nil {
-					key = strconv.AppendInt(append(make([]byte, 0, len(prefix)+24), prefix...), rec.at, 10)
+					key = strconv.AppendInt(append(keyBuf[:0], prefix...), rec.at, 10)
 					key = append(key, ':')
 				}
 				w.DedupKey = string(strconv.AppendInt(key, int64(i), 10))
