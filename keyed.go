@@ -148,11 +148,11 @@ func (d *deliverer) runKeyed(w *worker, r *queueRun) {
 			clear(w.batch[:n])
 		}
 		// Cheap handlers: as many ready messages per lock as take
-		// shareBudget (a worker's batch at most), as a share in
-		// concurrent mode.
+		// shareBudget, and no more than maxAlone: the keys of those
+		// taken wait on this worker if the handler stalls on one.
 		take := 1
 		if d.measured.Load() {
-			take = int(max(1, min(int64(len(w.batch)), int64(shareBudget)/max(1, d.cost.Load()))))
+			take = int(max(1, min(maxAlone, int64(shareBudget)/max(1, d.cost.Load()))))
 		}
 		todo := w.todo[:0]
 		for len(todo) < take && k.ready.len() > 0 {
