@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ferrymq/ferry"
 )
@@ -263,7 +264,11 @@ func mapKeysOf[V any](m map[string]V) func(func(string) bool) {
 // newTrackedCursors returns s wrapped to tell the tracker every commit of
 // the churn topic the store accepted. Commits of one (group, queue) are
 // serialized across the delegate call, so the order the tracker sees is
-// the store's. A variable, so that a test of the suite can put a broken
+// the store's. A commit that failed may still have been stored (a remote
+// store's reply lost to a cancelled context, the request applied): the
+// wrapper then reads the store, under the same lock, and tells the
+// tracker the commit if the store holds it (before, the tracker missed
+// such a commit of an empty queue's 0 for ever and saw a stall). A variable, so that a test of the suite can put a broken
 // wrapper in its place (one that drops CommitFenced), which the
 // unfenced-commit check must catch.
 var newTrackedCursors = func(s ferry.CursorStore, tr *tracker) ferry.CursorStore {
@@ -281,6 +286,9 @@ var newTrackedCursors = func(s ferry.CursorStore, tr *tracker) ferry.CursorStore
 		l.Lock()
 		defer l.Unlock()
 		if err := commit(); err != nil {
+			if c.topic == churnTopic && storedAnyway(s, c) {
+				tr.committed(c.group, c.queue, c.offset)
+			}
 			return err
 		}
 		if c.topic == churnTopic {
@@ -288,6 +296,15 @@ var newTrackedCursors = func(s ferry.CursorStore, tr *tracker) ferry.CursorStore
 		}
 		return nil
 	})
+}
+
+// storedAnyway reports whether the store holds the cursor of c, whose
+// commit failed: it was stored though its caller was told otherwise.
+func storedAnyway(s ferry.CursorStore, c commitCall) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	offs, err := s.Load(ctx, c.topic, c.group, c.queue+1)
+	return err == nil && offs[c.queue] == c.offset
 }
 
 // fenceProbe returns s wrapped to record, as a violation, a commit of the
