@@ -95,25 +95,7 @@ func drainFerry(b *testing.B, c *cluster, js jetstream.JetStream, replicas int) 
 		b.Fatal(err)
 	}
 	defer br.Close()
-	ret := ferry.Retention{MaxMessages: drainN, MaxBytes: ferry.Unlimited}
-	if err := br.CreateTopic(ctx, ferry.TopicMeta{Name: "bench", Queues: 1, Retention: ret}); err != nil {
-		b.Fatal(err)
-	}
-	p, err := br.NewProducer()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Close()
-	body := drainBodyBytes()
-	batch := make([]*ferry.Message, 100)
-	for sent := 0; sent < drainN; sent += len(batch) {
-		for i := range batch {
-			batch[i] = &ferry.Message{Topic: "bench", Body: body}
-		}
-		if _, err := p.SendBatch(ctx, batch); err != nil {
-			b.Fatal(err)
-		}
-	}
+	fillBacklog(ctx, b, br)
 	var n atomic.Int64
 	done := make(chan struct{})
 	cons, err := br.NewConsumer("g", "bench", ferry.HandlerFunc(func(context.Context, *ferry.EnhancedMessage) error {
@@ -205,5 +187,29 @@ func dropNow(b *testing.B, js jetstream.JetStream, prefix string) {
 	defer cancel()
 	if err := dropStreams(ctx, js, prefix); err != nil {
 		b.Error(err)
+	}
+}
+
+// fillBacklog creates br's one-queue topic "bench" and sends it drainN
+// messages of the drain's body, in batches of 100.
+func fillBacklog(ctx context.Context, b *testing.B, br *ferry.Broker) {
+	ret := ferry.Retention{MaxMessages: drainN, MaxBytes: ferry.Unlimited}
+	if err := br.CreateTopic(ctx, ferry.TopicMeta{Name: "bench", Queues: 1, Retention: ret}); err != nil {
+		b.Fatal(err)
+	}
+	p, err := br.NewProducer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	body := drainBodyBytes()
+	batch := make([]*ferry.Message, 100)
+	for sent := 0; sent < drainN; sent += len(batch) {
+		for i := range batch {
+			batch[i] = &ferry.Message{Topic: "bench", Body: body}
+		}
+		if _, err := p.SendBatch(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

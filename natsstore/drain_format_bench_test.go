@@ -102,25 +102,7 @@ func drainFerryStream(b *testing.B, js jetstream.JetStream) (time.Duration, int)
 		b.Fatal(err)
 	}
 	defer br.Close()
-	ret := ferry.Retention{MaxMessages: drainN, MaxBytes: ferry.Unlimited}
-	if err := br.CreateTopic(ctx, ferry.TopicMeta{Name: "bench", Queues: 1, Retention: ret}); err != nil {
-		b.Fatal(err)
-	}
-	p, err := br.NewProducer()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Close()
-	body := drainBodyBytes()
-	batch := make([]*ferry.Message, 100)
-	for sent := 0; sent < drainN; sent += len(batch) {
-		for i := range batch {
-			batch[i] = &ferry.Message{Topic: "bench", Body: body}
-		}
-		if _, err := p.SendBatch(ctx, batch); err != nil {
-			b.Fatal(err)
-		}
-	}
+	fillBacklog(ctx, b, br)
 	var s jetstream.Stream
 	for n := range js.StreamNames(ctx).Name() {
 		if strings.HasPrefix(n, prefix) && strings.Contains(n, "bench") {
