@@ -10,8 +10,8 @@
 // A window holds 128-bit hashes of the keys, not the keys: its entries
 // hold no pointers, so the garbage collector never scans them (a window
 // of millions of keys cost a Send four times its time when it held the
-// strings), and each takes 40 bytes in the list and a 64-byte slot in a
-// table at most three quarters full, whatever the key's length. Two
+// strings), and each takes an 8-byte slot in a table at most three
+// quarters full and a 48-byte entry, whatever the key's length. Two
 // different keys share a hash with a probability below 2^-64 even for
 // 2^32 keys in one window.
 package dedup
@@ -46,29 +46,26 @@ type Entry struct {
 	Stored int64 // store time, Unix ns
 }
 
-// Window remembers the keys stored within the last window of time.
-// Memory is one table slot and one list item per key stored within the
-// window: Expire drops the older ones.
+// Window remembers the keys stored within the last window of time, in
+// two generations of a window's length each: new keys go into cur, and a
+// lookup reads cur, then prev. Expire drops prev once every key in it is
+// a window old, all at once, and cur then becomes prev. So a key costs a
+// write one probe to add and none to expire (no list of what expires, no
+// delete per key), and memory is at most two windows' keys.
 type Window struct {
 	window int64 // ns, > 0
-	keys   table
-	// fifo lists the keys in the order added (about store time order), in
-	// chunks of chunkLen: the list grows and shrinks without copying.
-	// fifo[0][head:] and the later chunks' items are live; the last chunk
-	// is filled to its length.
-	fifo  [][]item
-	head  int
-	n     int    // live items
-	added int    // items ever added, less those rolled back: Mark's count
-	spare []item // an emptied chunk, for the next (steady state: one is enough)
+	cur    table
+	prev   table
+	// curMin and curMax bound the store times of cur's keys (valid while
+	// cur holds any), prevMax those of prev's.
+	curMin, curMax, prevMax int64
+	// added lists the keys Put added since Mark, for Rollback.
+	added []added
 }
 
-const chunkLen = 512
-
-type item struct {
+type added struct {
 	key    Hash
 	offset int64
-	stored int64
 }
 
 // New returns a window of d, or nil (no deduplication) when d <= 0.
@@ -89,95 +86,92 @@ func (w *Window) SetDuration(d time.Duration) { w.window = int64(d) }
 // Lookup returns the entry of key if it was stored less than the window
 // before now.
 func (w *Window) Lookup(key Hash, now int64) (Entry, bool) {
-	e, ok := w.keys.get(key)
-	if !ok || now-e.Stored >= w.window {
-		return Entry{}, false
+	since := now - w.window
+	if e, ok := w.cur.get(key); ok {
+		// A key in cur and prev is newer in cur, which only takes it
+		// again once prev's is stale.
+		return e, e.Stored > since
 	}
-	return e, true
-}
-
-// Put is Lookup, then Add of key as e when Lookup finds nothing (one
-// probe of the table where the two take two): it returns the entry of
-// key stored less than the window before now and true, or adds e.
-func (w *Window) Put(key Hash, e Entry, now int64) (Entry, bool) {
-	if old, dup := w.keys.put(key, e, now-w.window); dup {
-		return old, true
+	if e, ok := w.prev.get(key); ok && e.Stored > since {
+		return e, true
 	}
-	w.list(key, e)
 	return Entry{}, false
 }
 
-// Mark returns a point Rollback returns to.
-func (w *Window) Mark() int { return w.added }
-
-// Add records that key was stored as e.
-func (w *Window) Add(key Hash, e Entry) {
-	w.keys.put(key, e, math.MaxInt64)
-	w.list(key, e)
-}
-
-// list appends key, just stored as e, to the list of what expires.
-func (w *Window) list(key Hash, e Entry) {
-	if len(w.fifo) == 0 || len(w.fifo[len(w.fifo)-1]) == chunkLen {
-		c := w.spare
-		if c == nil {
-			c = make([]item, 0, chunkLen)
+// Put is Lookup, then Add of key as e when Lookup finds nothing (one
+// probe of cur where the two take two): it returns the entry of key
+// stored less than the window before now and true, or adds e. Rollback
+// takes back what Put adds.
+func (w *Window) Put(key Hash, e Entry, now int64) (Entry, bool) {
+	since := now - w.window
+	w.cur.reserve()
+	i, ok := w.cur.find(key)
+	if ok {
+		s := w.cur.entry(i)
+		if s.e.Stored > since {
+			return s.e, true
 		}
-		w.fifo, w.spare = append(w.fifo, c), nil
-	}
-	last := &w.fifo[len(w.fifo)-1]
-	*last = append(*last, item{key: key, offset: e.Offset, stored: e.Stored})
-	w.n++
-	w.added++
-}
-
-// forget deletes the map entry of it unless a later Add replaced it.
-func (w *Window) forget(it item) { w.keys.delete(it.key, it.offset) }
-
-// Rollback forgets what was added since mark (and not expired since).
-func (w *Window) Rollback(mark int) {
-	for ; w.added > mark && w.n > 0; w.added-- {
-		last := &w.fifo[len(w.fifo)-1]
-		w.forget((*last)[len(*last)-1])
-		*last = (*last)[:len(*last)-1]
-		w.n--
-		if len(*last) == 0 || (len(w.fifo) == 1 && len(*last) == w.head) {
-			w.dropChunk(len(w.fifo) - 1)
-		}
-	}
-}
-
-// Expire drops the entries stored a window or more before now.
-func (w *Window) Expire(now int64) {
-	for w.n > 0 {
-		c := w.fifo[0]
-		it := c[w.head]
-		if now-it.stored < w.window {
-			break
-		}
-		w.forget(it)
-		w.head++
-		w.n--
-		if w.head == len(c) {
-			w.dropChunk(0)
-		}
-	}
-}
-
-// dropChunk recycles chunk i, the first or the last.
-func (w *Window) dropChunk(i int) {
-	w.spare = w.fifo[i][:0]
-	w.fifo[i] = nil
-	if i == 0 {
-		w.fifo = w.fifo[1:]
-		w.head = 0
+		s.e = e // a stale entry; prev's, if any, is older still
 	} else {
-		w.fifo = w.fifo[:i]
+		if old, ok := w.prev.get(key); ok && old.Stored > since {
+			return old, true
+		}
+		w.cur.insertAt(i, key, e)
 	}
-	if len(w.fifo) == 0 {
-		w.fifo, w.head = nil, 0 // the table gives its memory back as it empties
+	w.stored(e.Stored)
+	w.added = append(w.added, added{key: key, offset: e.Offset})
+	return Entry{}, false
+}
+
+// Mark starts a write: it returns the point Rollback returns to.
+func (w *Window) Mark() int {
+	w.added = w.added[:0]
+	return 0
+}
+
+// Add records that key was stored as e (a window rebuilt from what a
+// queue stored, in store order). Rollback does not take it back.
+func (w *Window) Add(key Hash, e Entry) {
+	w.cur.put(key, e, math.MaxInt64)
+	w.stored(e.Stored)
+}
+
+// stored accounts for a key of store time t just added to cur.
+func (w *Window) stored(t int64) {
+	if w.cur.len() == 1 {
+		w.curMin, w.curMax = t, t
+		return
+	}
+	w.curMin, w.curMax = min(w.curMin, t), max(w.curMax, t)
+}
+
+// Rollback forgets what Put added since mark (from Mark, in the same
+// write).
+func (w *Window) Rollback(mark int) {
+	for i := len(w.added) - 1; i >= mark; i-- {
+		a := w.added[i]
+		if !w.cur.delete(a.key, a.offset) {
+			w.prev.delete(a.key, a.offset)
+		}
+	}
+	w.added = w.added[:min(mark, len(w.added))]
+}
+
+// Expire drops the keys stored a window or more before now, a
+// generation at a time.
+func (w *Window) Expire(now int64) {
+	if w.prev.len() > 0 && now-w.prevMax >= w.window {
+		w.prev.reset()
+	}
+	if w.prev.len() == 0 && w.cur.len() > 0 && now-w.curMin >= w.window {
+		w.cur, w.prev = w.prev, w.cur // cur takes prev's emptied slots
+		w.prevMax = w.curMax
+		if now-w.prevMax >= w.window {
+			w.prev.reset()
+		}
 	}
 }
 
-// Len returns the number of keys remembered.
-func (w *Window) Len() int { return w.keys.len() }
+// Len returns the number of keys remembered: those stored within the
+// window, and some older ones of a generation not dropped yet.
+func (w *Window) Len() int { return w.cur.len() + w.prev.len() }

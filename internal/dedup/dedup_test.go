@@ -25,11 +25,15 @@ func TestWindowLookupAndExpire(t *testing.T) {
 	assert.False(t, ok)
 
 	w.Expire(110)
-	assert.Equal(t, 1, w.Len(), "a went, b stays")
-	// a again, stored anew; the expiry of nothing older removes it.
+	assert.Equal(t, 2, w.Len(), "a's generation holds b, which is not a window old")
+	_, ok = w.Lookup(HashKey("a"), 110)
+	assert.False(t, ok)
+	_, ok = w.Lookup(HashKey("b"), 110)
+	assert.True(t, ok)
+	// a again, stored anew; the drop of the old generation keeps it.
 	w.Add(HashKey("a"), Entry{Offset: 2, Stored: 111})
 	w.Expire(115)
-	assert.Equal(t, 1, w.Len())
+	assert.Equal(t, 1, w.Len(), "the generation of a and b went")
 	e, ok = w.Lookup(HashKey("a"), 115)
 	require.True(t, ok)
 	assert.Equal(t, int64(2), e.Offset)
@@ -37,74 +41,163 @@ func TestWindowLookupAndExpire(t *testing.T) {
 	assert.Equal(t, 0, w.Len())
 }
 
-// An entry re-added after its first expired survives the expiry of the
-// first one's list item.
+// A key stored again after its first entry went stale keeps the new
+// entry when the old one's generation goes.
 func TestWindowReAddedKeySurvivesOldItem(t *testing.T) {
 	w := New(10)
-	w.Add(HashKey("a"), Entry{Offset: 0, Stored: 0})
-	_, ok := w.Lookup(HashKey("a"), 10)
-	require.False(t, ok)
-	w.Add(HashKey("a"), Entry{Offset: 5, Stored: 10})
-	w.Expire(12) // drops the item of offset 0, not the map entry of offset 5
-	e, ok := w.Lookup(HashKey("a"), 12)
+	_, dup := w.Put(HashKey("a"), Entry{Offset: 0, Stored: 0}, 0)
+	require.False(t, dup)
+	w.Expire(10) // a's generation becomes the old one
+	_, dup = w.Put(HashKey("a"), Entry{Offset: 5, Stored: 10}, 10)
+	require.False(t, dup, "a window old")
+	w.Expire(12)
+	w.Expire(19)
+	e, ok := w.Lookup(HashKey("a"), 19)
 	require.True(t, ok)
 	assert.Equal(t, int64(5), e.Offset)
-}
-
-// Rollback and Expire across chunks.
-func TestWindowChunks(t *testing.T) {
-	w := New(1000)
-	for i := range 3 * chunkLen {
-		w.Add(HashKey(strconv.Itoa(i)), Entry{Offset: int64(i), Stored: int64(i)})
-	}
-	m := w.Mark()
-	for i := 3 * chunkLen; i < 5*chunkLen+7; i++ {
-		w.Add(HashKey(strconv.Itoa(i)), Entry{Offset: int64(i), Stored: int64(i)})
-	}
-	w.Rollback(m)
-	assert.Equal(t, 3*chunkLen, w.Len())
-	assert.Len(t, w.fifo, 3)
-	_, ok := w.Lookup(HashKey(strconv.Itoa(3*chunkLen)), 0)
-	assert.False(t, ok)
-	w.Expire(1000 + chunkLen + 3) // drops offsets 0 .. chunkLen+3
-	assert.Equal(t, 2*chunkLen-4, w.Len())
-	_, ok = w.Lookup(HashKey(strconv.Itoa(chunkLen+4)), 1000+chunkLen+3)
-	assert.True(t, ok)
-	w.Rollback(w.Mark() - (2*chunkLen - 4)) // everything left
-	assert.Zero(t, w.Len())
-	assert.Empty(t, w.fifo)
-	w.Add(HashKey("x"), Entry{})
-	assert.Equal(t, 1, w.Len())
+	e, dup = w.Put(HashKey("a"), Entry{Offset: 6, Stored: 19}, 19)
+	require.True(t, dup)
+	assert.Equal(t, int64(5), e.Offset)
 }
 
 func TestWindowRollback(t *testing.T) {
 	w := New(time.Hour)
 	w.Add(HashKey("a"), Entry{Offset: 0})
 	m := w.Mark()
-	w.Add(HashKey("b"), Entry{Offset: 1})
-	w.Add(HashKey("c"), Entry{Offset: 2})
+	_, dup := w.Put(HashKey("b"), Entry{Offset: 1}, 0)
+	require.False(t, dup)
+	_, dup = w.Put(HashKey("c"), Entry{Offset: 2}, 0)
+	require.False(t, dup)
+	_, dup = w.Put(HashKey("a"), Entry{Offset: 3}, 0)
+	require.True(t, dup, "a duplicate adds nothing to roll back")
 	w.Rollback(m)
 	assert.Equal(t, 1, w.Len())
 	_, ok := w.Lookup(HashKey("b"), 0)
 	assert.False(t, ok)
 	_, ok = w.Lookup(HashKey("a"), 0)
-	assert.True(t, ok)
-	w.Add(HashKey("b"), Entry{Offset: 1})
+	assert.True(t, ok, "what was there before the mark stays")
+	_, dup = w.Put(HashKey("b"), Entry{Offset: 1}, 0)
+	assert.False(t, dup)
 	assert.Equal(t, 2, w.Len())
 }
 
-// Memory stays bounded by what the window holds: a long run of keys
+// Memory stays bounded by what two windows hold: a long run of keys
 // through a short window keeps only the recent ones.
 func TestWindowBounded(t *testing.T) {
 	w := New(100)
 	for i := range 100_000 {
 		now := int64(i)
 		w.Expire(now)
-		w.Add(HashKey(strconv.Itoa(i)), Entry{Offset: int64(i), Stored: now})
-		require.LessOrEqual(t, w.Len(), 100)
+		w.Mark()
+		_, dup := w.Put(HashKey(strconv.Itoa(i)), Entry{Offset: int64(i), Stored: now}, now)
+		require.False(t, dup)
+		require.LessOrEqual(t, w.Len(), 2*100+1)
 	}
-	assert.LessOrEqual(t, w.n, 100)
-	assert.LessOrEqual(t, len(w.fifo), 2, "the list keeps the chunks it needs")
+	assert.LessOrEqual(t, len(w.cur.slots)+len(w.prev.slots), 2*256, "the tables keep the slots they need")
+	w.Expire(1 << 40)
+	assert.Zero(t, w.Len())
+}
+
+// The window against an exact model under random writes, lookups,
+// rollbacks, window changes and a clock that mostly moves on but
+// sometimes stands still or jumps: a key is a duplicate exactly when its
+// entry was stored less than the window before now.
+func TestWindowModel(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		w := New(50)
+		model := map[Hash]Entry{}
+		keys := make([]Hash, 40+rng.IntN(400))
+		for i := range keys {
+			keys[i] = HashKey(strconv.Itoa(i))
+		}
+		// unknown keys may or may not be remembered: their entry went
+		// stale before the window grew, and may have been dropped.
+		unknown := map[Hash]bool{}
+		fresh := func(k Hash, now int64) (Entry, bool) {
+			m, ok := model[k]
+			return m, ok && now-m.Stored < int64(w.Duration())
+		}
+		now, off := int64(0), int64(0)
+		for step := range 20_000 {
+			switch r := rng.IntN(100); {
+			case r < 2:
+				now += int64(rng.IntN(300)) // a jump past a generation or two
+			case r < 3:
+				d := time.Duration(20 + rng.IntN(80))
+				if d > w.Duration() {
+					for k, m := range model {
+						if now-m.Stored >= int64(w.Duration()) {
+							unknown[k] = true
+						}
+					}
+				}
+				w.SetDuration(d)
+			default:
+				now += int64(rng.IntN(3))
+			}
+			w.Expire(now)
+			if rng.IntN(4) == 0 {
+				k := keys[rng.IntN(len(keys))]
+				m, want := fresh(k, now)
+				e, ok := w.Lookup(k, now)
+				if unknown[k] {
+					continue
+				}
+				require.Equal(t, want, ok, "seed %d step %d", seed, step)
+				if want {
+					require.Equal(t, m, e)
+				}
+				continue
+			}
+			// A write of a few keys, kept or rolled back.
+			mark := w.Mark()
+			undo := map[Hash]*Entry{}
+			wasUnknown := map[Hash]bool{}
+			for range 1 + rng.IntN(4) {
+				k := keys[rng.IntN(len(keys))]
+				e := Entry{Offset: off, Stored: now}
+				m, want := fresh(k, now)
+				old, dup := w.Put(k, e, now)
+				if unknown[k] {
+					delete(unknown, k)
+					wasUnknown[k] = true
+					if dup {
+						model[k] = old
+						continue
+					}
+					want = false
+				}
+				require.Equal(t, want, dup, "seed %d step %d", seed, step)
+				if dup {
+					require.Equal(t, m, old)
+					continue
+				}
+				if _, seen := undo[k]; !seen {
+					if prev, ok := model[k]; ok {
+						undo[k] = &prev
+					} else {
+						undo[k] = nil
+					}
+				}
+				model[k] = e
+				off++
+			}
+			if rng.IntN(5) == 0 {
+				w.Rollback(mark)
+				for k := range wasUnknown {
+					unknown[k] = true
+				}
+				for k, prev := range undo {
+					if prev == nil {
+						delete(model, k)
+					} else {
+						model[k] = *prev // stale by now, or not: as Put found it
+					}
+				}
+			}
+		}
+	}
 }
 
 func TestHashKey(t *testing.T) {
@@ -119,8 +212,8 @@ func TestHashKey(t *testing.T) {
 	}
 }
 
-// BenchmarkWindow is a write's work per new key: hash, expire, look up,
-// add, with every key kept (a window longer than the run).
+// BenchmarkWindow is a write's work per new key: expire, hash, put,
+// with every key kept (a window longer than the run).
 func BenchmarkWindow(b *testing.B) {
 	keys := make([]string, b.N)
 	for i := range keys {
@@ -132,11 +225,10 @@ func BenchmarkWindow(b *testing.B) {
 	for i := range b.N {
 		now := int64(i)
 		w.Expire(now)
-		h := HashKey(keys[i])
-		if _, ok := w.Lookup(h, now); ok {
+		w.Mark()
+		if _, dup := w.Put(HashKey(keys[i]), Entry{Offset: int64(i), Stored: now}, now); dup {
 			b.Fatal("duplicate")
 		}
-		w.Add(h, Entry{Offset: int64(i), Stored: now})
 	}
 }
 
@@ -153,11 +245,10 @@ func BenchmarkWindowSteady(b *testing.B) {
 	for i := range b.N {
 		now := int64(i)
 		w.Expire(now)
-		h := HashKey(keys[i])
-		if _, ok := w.Lookup(h, now); ok {
+		w.Mark()
+		if _, dup := w.Put(HashKey(keys[i]), Entry{Offset: int64(i), Stored: now}, now); dup {
 			b.Fatal("duplicate")
 		}
-		w.Add(h, Entry{Offset: int64(i), Stored: now})
 	}
 }
 
@@ -181,7 +272,8 @@ func TestTableModel(t *testing.T) {
 	for i := range keys {
 		keys[i] = HashKey(strconv.Itoa(i))
 	}
-	// Keys whose home slots collide: their low 8 bytes agree.
+	// Keys whose home slots collide: their first 8 bytes agree, so their
+	// slots match and only their entries tell them apart.
 	for i := 1; i < 8; i++ {
 		copy(keys[i][:8], keys[0][:8])
 	}
@@ -223,8 +315,8 @@ func TestTableModel(t *testing.T) {
 				require.Equal(t, m, e)
 			}
 			n := 0
-			for _, c := range tb.ctrl {
-				if c != empty {
+			for _, v := range tb.slots {
+				if v != 0 {
 					n++
 				}
 			}
