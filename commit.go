@@ -212,6 +212,20 @@ func (r *queueRun) commitLocked(final bool) error {
 	return nil
 }
 
+// commitFloor commits r's transaction log's floor for the cursor last
+// committed, unless the holding's commits no longer land (see
+// commitLocked).
+func (r *queueRun) commitFloor() {
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	if !r.h.lands() || r.expired() {
+		return
+	}
+	if err := r.tl.commitFloor(context.Background(), r.committed, true); err != nil {
+		r.m.report(err)
+	}
+}
+
 // releaseBlocked lets a Block queue drop what every group is done with.
 func (r *queueRun) releaseBlocked(off int64) {
 	m := r.m

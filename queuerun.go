@@ -224,6 +224,9 @@ func (r *queueRun) end(locked bool) {
 	}
 	r.markReady()
 	r.hcancel()
+	if r.tl != nil {
+		r.tl.stop()
+	}
 	close(r.done)
 	r.m.runEnded(r)
 	r.m.wg.Done()
@@ -490,6 +493,13 @@ func (r *queueRun) release() {
 	r.act(do)
 	if do&doCommit == 0 {
 		return
+	}
+	if r.tl != nil && timeout > 0 {
+		// The outputs of finished inputs, written: the last commit
+		// commits the log's floor past their records.
+		ctx, cancel := context.WithTimeout(r.hctx, timeout)
+		r.tl.quiesce(ctx)
+		cancel()
 	}
 	if err := r.commit(true); err != nil {
 		m.report(err)

@@ -37,7 +37,35 @@ type txnLog struct {
 	// floorAt is when the floor was last committed: the committer's
 	// commits commit it at most every floorEvery.
 	floorAt time.Time
+
+	// Outside memory, a record's outputs are written by the applier,
+	// after the record is in the log and its input has finished: the
+	// call waits for one write to stable storage, not two in a row. pend
+	// lists the records whose outputs the applier has not written yet, in
+	// log order (the floor stays at or below the first: a next owner
+	// writes them again). applyErr is the write that made the applier
+	// give the queue up; progress is closed at each of its steps.
+	pend     []*txnPending
+	applying bool
+	applyErr error
+	progress chan struct{}
+	kick     chan struct{} // capacity 1: records for an idle applier
+	stopped  bool          // the holding ended: no applier starts
+	awg      sync.WaitGroup
 }
+
+// maxPending bounds the records whose outputs wait for the applier: a
+// batch of records waits for it to catch up (outputs that cannot be
+// written, to a full topic say, hold the handlers back as they did when
+// each call wrote its own).
+const maxPending = 4096
+
+// The applier writes outputs once applyBatch records are pending, or
+// applyLinger after fewer were.
+const (
+	applyBatch  = 256
+	applyLinger = time.Millisecond
+)
 
 // floorEvery is how often at most the committer commits a transaction
 // log's floor with the cursor: each is one more write to the cursor store
@@ -50,12 +78,16 @@ type txnApplied struct{ at, off int64 }
 type txnPending struct {
 	em   *EnhancedMessage
 	off  int64           // input offset
-	outs []decodedOutput // its outputs, written by the batch's writer
-	at   int64           // where it was written
-	err  error           // the record's write's
-	aerr error           // its outputs' write's
-	wake chan struct{}   // closed when written and applied, or when it is to write
+	outs []decodedOutput // its outputs, written by the batch's writer or the applier
+	ctx  context.Context // the call's, and its outputs, for their OnSent hooks
+	sent []txnOutput
+	at   int64         // where it was written
+	err  error         // the record's write's
+	aerr error         // its outputs' write's
+	wake chan struct{} // closed when written (its outputs queued), or when it is to write
 	lead bool
+	// queued: the applier writes its outputs (and calls their hooks).
+	queued bool
 }
 
 // errTxnFenced is a log write's when a later owner of the queue wrote to
@@ -101,7 +133,7 @@ func (r *queueRun) takeTxn(start int64) error {
 	if err != nil {
 		return err
 	}
-	tl := &txnLog{r: r, name: lt.meta.Name, t: lt, lq: lt.queues[r.q], token: r.lease.Token()}
+	tl := &txnLog{r: r, name: lt.meta.Name, t: lt, lq: lt.queues[r.q], token: r.lease.Token(), kick: make(chan struct{}, 1)}
 	from, err := tl.loadFloor(r.ctx)
 	if err != nil {
 		return err
@@ -116,6 +148,7 @@ func (r *queueRun) takeTxn(start int64) error {
 	if err != nil {
 		return err
 	}
+	var valid []*EnhancedMessage         // the valid records, in log order
 	last := map[int64]*EnhancedMessage{} // input offset → its last valid record
 	var fence uint64
 	err = tl.read(r.ctx, max(from, oldest), at, func(msg *EnhancedMessage) {
@@ -129,6 +162,7 @@ func (r *queueRun) takeTxn(start int64) error {
 			fence = token
 		default:
 			fence = token
+			valid = append(valid, msg)
 			if off >= start {
 				last[off] = msg
 			}
@@ -137,50 +171,47 @@ func (r *queueRun) takeTxn(start int64) error {
 	if err != nil {
 		return err
 	}
-	recs := make([]*EnhancedMessage, 0, len(last))
-	for off, msg := range last {
-		if _, done := slices.BinarySearch(r.skip, off); done {
-			// Finished, as the store says; the floor still keeps its
-			// record, for a next owner whose store may not say so.
-			tl.applied = append(tl.applied, txnApplied{at: msg.Offset, off: off})
-			continue
-		}
-		recs = append(recs, msg)
-	}
-	slices.SortFunc(recs, func(a, b *EnhancedMessage) int { return compareInt64(a.Offset, b.Offset) })
-	finished := make([]int64, 0, len(recs))
-	for _, msg := range recs {
+	// Every valid record's outputs are written again, in log order: the
+	// former owner's applier may not have written them all, even for
+	// inputs it finished and committed (stored once all the same: their
+	// keys are the record's).
+	recs := make([]txnRecord, 0, len(valid))
+	for _, msg := range valid {
 		_, off, _, _ := parseTxnTag(msg.Tag)
 		outs, err := decodeTxnRecord(msg.Body)
 		if err != nil {
-			// Its input is handled again: losing its outputs beats
-			// guessing them.
+			// Its input, if not finished, is handled again: losing its
+			// outputs beats guessing them.
 			m.report(&Error{Op: fmt.Sprintf("take %s: transaction log %s offset %d ignored", r.id, tl.lq.ID(), msg.Offset), Err: err})
+			if last[off] == msg {
+				delete(last, off)
+			}
 			continue
 		}
-		if err := tl.apply(r.ctx, []txnRecord{{at: msg.Offset, outs: outs}}); err != nil {
+		recs = append(recs, txnRecord{at: msg.Offset, outs: outs})
+		// The floor keeps it until its input is committed, for a next
+		// owner whose store may not say it finished.
+		tl.applied = append(tl.applied, txnApplied{at: msg.Offset, off: off})
+	}
+	if len(recs) > 0 {
+		if err := tl.apply(r.ctx, recs); err != nil {
 			return err
 		}
-		tl.applied = append(tl.applied, txnApplied{at: msg.Offset, off: off})
-		finished = append(finished, off)
+	}
+	finished := make([]int64, 0, len(last))
+	for off := range last {
+		if _, done := slices.BinarySearch(r.skip, off); !done {
+			finished = append(finished, off)
+		}
 	}
 	if len(finished) > 0 {
+		slices.Sort(finished)
 		r.skip = append(slices.Clone(r.skip), finished...)
 		slices.Sort(r.skip)
 		r.skip, r.skipAt = slices.Compact(r.skip), 0
 	}
 	r.tl = tl
 	return nil
-}
-
-func compareInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // read calls f for each message of the log in [from, to).
@@ -233,7 +264,9 @@ func (tl *txnLog) newRecord(tag string, body []byte) *EnhancedMessage {
 }
 
 // commit writes the record of the call that handled input offset off
-// and sent outs, then their outputs, unless the queue is no longer this
+// and sent outs, then their outputs (in memory; elsewhere the applier
+// writes them once the record is in the log, and the input finishes
+// without waiting for them), unless the queue is no longer this
 // holding's: then the record is the next owner's to apply (see
 // takeTxn), and the message goes back unfinished. A write refused
 // outright (too large) fails the attempt.
@@ -246,7 +279,7 @@ func (tl *txnLog) commit(ctx context.Context, r *queueRun, off int64, outs []txn
 	for i, o := range outs {
 		dec[i] = decodedOutput{topic: o.t.meta.Name, q: o.q, inc: o.t.meta.Incarnation, at: o.at, em: o.em}
 	}
-	p, err := tl.write(rec, off, dec)
+	p, err := tl.write(&txnPending{em: rec, off: off, outs: dec, ctx: ctx, sent: outs})
 	if err != nil {
 		if errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrInvalidMessage) {
 			err = &Error{Op: fmt.Sprintf("commit transaction of %s offset %d", r.id, off), Err: err}
@@ -265,36 +298,37 @@ func (tl *txnLog) commit(ctx context.Context, r *queueRun, off int64, outs []txn
 		r.lose()
 		return errGivenUp
 	}
-	sent(ctx, outs, nil)
+	if !p.queued {
+		sent(ctx, outs, nil)
+	}
 	if !r.h.lands() || r.pastDeadline() {
 		return errGivenUp // the next owner applies it again
 	}
 	return nil
 }
 
-// write writes rec, the record of input offset off, to the log with
-// whatever other records are waiting (one write for all: group commit),
-// then their outputs outs (one write per target queue for all), and
-// returns its pending record: its offset, or the error of the record's
-// write or of its outputs'. One writer at a time: the others wait, and
-// the first waiting writes next, while this one writes the outputs. A
-// write that lands after records of another writer checks them: one with
-// a later token fences this holding out (errTxnFenced), and its records
-// are void. A log in memory has each caller write its own record (under
-// wmu) and outputs: no one waits for a writer to wake it.
-func (tl *txnLog) write(rec *EnhancedMessage, off int64, outs []decodedOutput) (*txnPending, error) {
+// write writes p's record to the log with whatever other records are
+// waiting (one write for all: group commit), and has the applier write
+// their outputs (one write per target queue for all it has), and returns
+// p: its offset, or the error of the record's write (or of the outputs',
+// when the applier gave up before). One writer at a time: the others
+// wait, and the first waiting writes next. A write that lands after
+// records of another writer checks them: one with a later token fences
+// this holding out (errTxnFenced), and its records are void. A log in
+// memory has each caller write its own record (under wmu) and outputs:
+// no one waits for a writer to wake it, and none for an fdatasync.
+func (tl *txnLog) write(p *txnPending) (*txnPending, error) {
 	if _, ok := tl.lq.(*MemoryQueue); ok {
-		p := &txnPending{em: rec, off: off, outs: outs}
 		one := [1]*txnPending{p}
 		tl.wmu.Lock()
 		tl.writeBatch(one[:])
 		tl.wmu.Unlock()
 		if p.err == nil {
-			p.aerr = tl.apply(tl.r.hctx, []txnRecord{{at: p.at, outs: outs}})
+			p.aerr = tl.apply(tl.r.hctx, []txnRecord{{at: p.at, outs: p.outs}})
 		}
 		return p, p.err
 	}
-	p := &txnPending{em: rec, off: off, outs: outs, wake: make(chan struct{})}
+	p.wake = make(chan struct{})
 	tl.mu.Lock()
 	tl.waiting = append(tl.waiting, p)
 	if tl.writing {
@@ -311,16 +345,8 @@ func (tl *txnLog) write(rec *EnhancedMessage, off int64, outs []decodedOutput) (
 	tl.mu.Unlock()
 
 	tl.writeBatch(batch)
-
-	if p.err == nil { // the batch's records are in the log: write their outputs
-		recs := make([]txnRecord, len(batch))
-		for i, q := range batch {
-			recs[i] = txnRecord{at: q.at, outs: q.outs}
-		}
-		err := tl.apply(tl.r.hctx, recs)
-		for _, q := range batch {
-			q.aerr = err
-		}
+	if p.err == nil { // the batch's records are in the log: the applier writes their outputs
+		tl.enqueue(batch)
 	}
 	tl.mu.Lock()
 	if len(tl.waiting) > 0 {
@@ -384,6 +410,175 @@ func (tl *txnLog) writeBatch(batch []*txnPending) {
 	tl.next = first + int64(len(batch))
 	tl.last = tl.next - 1
 	tl.mu.Unlock()
+}
+
+// enqueue gives the applier batch's records, just written to the log,
+// and starts it if it is not running; it waits while the applier is
+// maxPending records behind. When the applier gave the queue up, their
+// outputs are not this holding's to write: each gets its error. The
+// batch's writer.
+func (tl *txnLog) enqueue(batch []*txnPending) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if tl.applyErr == nil && tl.stopped {
+		tl.applyErr = errGivenUp // a call the holding's end did not wait for
+	}
+	if tl.applyErr != nil {
+		for _, q := range batch {
+			q.aerr = tl.applyErr
+		}
+		return
+	}
+	for _, q := range batch {
+		q.queued = true
+	}
+	tl.pend = append(tl.pend, batch...)
+	if !tl.applying {
+		tl.applying = true
+		tl.awg.Add(1)
+		go tl.applier()
+	} else {
+		select {
+		case tl.kick <- struct{}{}: // an idle applier goes on
+		default:
+		}
+	}
+	for len(tl.pend) > maxPending && tl.applyErr == nil {
+		ch := tl.progressed()
+		tl.mu.Unlock()
+		<-ch
+		tl.mu.Lock()
+	}
+}
+
+// progressed returns the channel the applier's next step closes. tl.mu
+// must be held.
+func (tl *txnLog) progressed() chan struct{} {
+	if tl.progress == nil {
+		tl.progress = make(chan struct{})
+	}
+	return tl.progress
+}
+
+// signal closes the progress channel. tl.mu must be held.
+func (tl *txnLog) signal() {
+	if tl.progress != nil {
+		close(tl.progress)
+		tl.progress = nil
+	}
+}
+
+// applier writes the outputs of the pending records, all it has at each
+// step, in log order, then calls their hooks; it ends when none are
+// left. If it cannot write them (apply tries again until the holding's
+// handlers' context ends), the holding gives the queue up: the next owner
+// writes them again from the log.
+func (tl *txnLog) applier() {
+	defer tl.awg.Done()
+	ctx := tl.r.hctx
+	for {
+		tl.mu.Lock()
+		if n := len(tl.pend); n > 0 && n < applyBatch && ctx.Err() == nil {
+			// Let a few batches of records gather: one write (one
+			// fdatasync) per target queue for them all. The handlers do
+			// not wait for it.
+			tl.mu.Unlock()
+			time.Sleep(applyLinger)
+			tl.mu.Lock()
+		}
+		if len(tl.pend) == 0 {
+			tl.mu.Unlock()
+			if tl.idle(ctx) {
+				return
+			}
+			continue
+		}
+		ps := slices.Clone(tl.pend)
+		tl.mu.Unlock()
+		recs := make([]txnRecord, len(ps))
+		for i, p := range ps {
+			recs[i] = txnRecord{at: p.at, outs: p.outs}
+		}
+		err := tl.apply(ctx, recs)
+		tl.mu.Lock()
+		if err != nil {
+			// The records stay pending, below the floor, for the next owner.
+			tl.applyErr = err
+			failed := slices.Clone(tl.pend)
+			tl.applying = false
+			tl.signal()
+			tl.mu.Unlock()
+			for _, p := range failed {
+				sent(p.ctx, p.sent, &Error{Op: "outbox send", Err: fmt.Errorf("not written by this call: its queue was given up (its next owner writes them): %w", err)})
+			}
+			if ctx.Err() == nil { // else the holding is lost, or ended
+				tl.r.lose()
+			}
+			return
+		}
+		rest := copy(tl.pend, tl.pend[len(ps):])
+		clear(tl.pend[rest:])
+		tl.pend = tl.pend[:rest]
+		tl.signal()
+		tl.mu.Unlock()
+		for _, p := range ps {
+			sent(p.ctx, p.sent, nil)
+		}
+	}
+}
+
+// idle waits for more records, up to floorEvery: it returns false when
+// some came. Else the applier ends (true), having committed the log's
+// floor past the records it wrote, which the committer does only as
+// inputs finish.
+func (tl *txnLog) idle(ctx context.Context) bool {
+	t := time.NewTimer(floorEvery)
+	defer t.Stop()
+	select {
+	case <-tl.kick:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	tl.mu.Lock()
+	if len(tl.pend) > 0 && ctx.Err() == nil {
+		tl.mu.Unlock()
+		return false
+	}
+	tl.applying = false
+	tl.signal()
+	tl.mu.Unlock()
+	if ctx.Err() == nil {
+		tl.r.commitFloor()
+	}
+	return true
+}
+
+// quiesce waits until the applier has written every pending record's
+// outputs, or gave up, or ctx ends: a release's last commit then commits
+// the floor past them.
+func (tl *txnLog) quiesce(ctx context.Context) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	for len(tl.pend) > 0 && tl.applyErr == nil {
+		ch := tl.progressed()
+		tl.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			tl.mu.Lock()
+			return
+		}
+		tl.mu.Lock()
+	}
+}
+
+// stop waits for the applier to end (the holding's handlers' context
+// is cancelled); none starts after it.
+func (tl *txnLog) stop() {
+	tl.mu.Lock()
+	tl.stopped = true
+	tl.mu.Unlock()
+	tl.awg.Wait()
 }
 
 // fencedIn reports whether the log's records in [from, to), another
@@ -506,6 +701,9 @@ func (tl *txnLog) commitFloor(ctx context.Context, c int64, now bool) error {
 		return nil // a floor left lower only has the next owner read more of the log
 	}
 	floor := tl.last
+	if len(tl.pend) > 0 {
+		floor = min(floor, tl.pend[0].at) // outputs not written yet
+	}
 	kept := tl.applied[:0]
 	for _, a := range tl.applied {
 		if a.off >= c {
