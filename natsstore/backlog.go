@@ -49,7 +49,7 @@ import (
 const (
 	backlogKeep  = 2048                  // the most messages the reader holds ahead of the Reads
 	backlogBytes = 8 << 20               // and bytes (one message may exceed it)
-	backlogPull  = 512                   // the messages one pull request of its consumer asks for
+	backlogPull  = 1024                  // the messages one pull request of its consumer asks for (512: the Reads waited on its pulls)
 	backlogWait  = 50 * time.Millisecond // how long a Read waits for the reader to be pushed what it reads
 	backlogRetry = time.Second           // after a reader failed, Reads read ahead by gets for this long
 
