@@ -22,11 +22,11 @@ import (
 // more known behind it, the queue starts an ordered consumer of its
 // stream at the next offset, which the server pushes the backlog to,
 // flow-controlled by its pull requests: a goroutine of the queue takes
-// each message, decodes it and keeps it, up to backlogKeep messages
+// each message and keeps it as stored, up to backlogKeep messages
 // (backlogBytes bytes) ahead of the Reads, waiting for them to take some
 // while it holds that many. A Read at the offset the backlog reader is at
-// (or a little past it) is served what it holds; a Read elsewhere (a
-// seek far away) stops it.
+// (or a little past it) is served what it holds, decoding it; a Read
+// elsewhere (a seek far away) stops it.
 //
 // A message it holds is served only while it is surely still in the
 // stream, by the read-ahead's rules (see goodAheadLocked): pushed less
@@ -49,7 +49,7 @@ import (
 const (
 	backlogKeep  = 2048                  // the most messages the reader holds ahead of the Reads
 	backlogBytes = 8 << 20               // and bytes (one message may exceed it)
-	backlogPull  = 512                   // the messages one pull request of its consumer asks for
+	backlogPull  = 1024                  // the messages one pull request of its consumer asks for (512: the Reads waited on its pulls)
 	backlogWait  = 50 * time.Millisecond // how long a Read waits for the reader to be pushed what it reads
 	backlogRetry = time.Second           // after a reader failed, Reads read ahead by gets for this long
 
@@ -74,12 +74,14 @@ type backlog struct {
 	idle   *time.Timer        // stops it tailIdle after the last Read it served
 }
 
-// backlogEntry is one message the reader was pushed, decoded.
+// backlogEntry is one message the reader was pushed, as it was stored:
+// the Read it serves decodes it (see fromBacklog), so that the
+// consumer's goroutine, which its pulls wait on, only keeps it.
 type backlogEntry struct {
-	m    *ferry.EnhancedMessage
+	data []byte    // the record's data (nats.go gives each message its own)
+	off  int64     // its offset
 	at   time.Time // when it was pushed, or last known to be in the stream
 	next int64     // the end known then
-	size int
 }
 
 // startBacklogLocked starts a backlog reader at offset from, unless one
@@ -170,9 +172,9 @@ func (q *queue) runBacklog(ctx context.Context, b *backlog, from int64) {
 	<-closed
 }
 
-// keepPushed decodes msg and keeps it in b, first waiting while b holds
-// backlogKeep messages (or backlogBytes); false ends the reader: ctx
-// ended, or msg is past a gap (a retention cut) or undecodable.
+// keepPushed keeps msg in b, first waiting while b holds backlogKeep
+// messages (or backlogBytes); false ends the reader: ctx ended, or msg
+// is past a gap (a retention cut).
 func (q *queue) keepPushed(ctx context.Context, b *backlog, msg jetstream.Msg) bool {
 	seq, pending, ok := ackSeqPending(msg.Reply())
 	if !ok {
@@ -183,12 +185,8 @@ func (q *queue) keepPushed(ctx context.Context, b *backlog, msg jetstream.Msg) b
 		seq, pending = md.Sequence.Stream, md.NumPending
 	}
 	off := int64(seq) - 1
-	m, _, err := codec.Decode(msg.Data())
-	if err != nil {
-		return false // a get tells
-	}
-	m.Queue, m.Offset = q.id.Queue, off
-	size := len(msg.Data())
+	data := msg.Data()
+	size := len(data)
 	for {
 		if ctx.Err() != nil {
 			return false
@@ -216,7 +214,7 @@ func (q *queue) keepPushed(ctx context.Context, b *backlog, msg jetstream.Msg) b
 				b.stamp, b.reuses = time.Now(), 0
 			}
 			b.reuses++
-			b.keepLocked(backlogEntry{m: m, at: b.stamp, next: q.next, size: size})
+			b.keepLocked(backlogEntry{data: data, off: off, at: b.stamp, next: q.next})
 			b.bytes += size
 			if b.wants {
 				b.wants = false
@@ -348,14 +346,16 @@ func (q *queue) fromBacklog(ctx context.Context, offset int64, dst []*ferry.Enha
 				continue
 			}
 			n := min(len(dst), readBatch, len(b.buf))
+			var raw [readBatch][]byte
 			for i := range n {
-				dst[i] = b.buf[i].m
-				b.bytes -= b.buf[i].size
+				raw[i] = b.buf[i].data
+				b.bytes -= len(raw[i])
 			}
 			b.dropLocked(n)
 			b.head += int64(n)
 			signal(b.room)
 			q.mu.Unlock()
+			n = q.decodeBacklog(b, offset, raw[:n], dst)
 			q.blServed.Add(int64(n))
 			return n
 		}
@@ -385,12 +385,33 @@ func (q *queue) fromBacklog(ctx context.Context, offset int64, dst []*ferry.Enha
 	}
 }
 
+// decodeBacklog decodes raw, the records from offset on that b served,
+// into dst and returns how many it decoded: fewer than len(raw) if one
+// is undecodable, which stops b (the Read at it gets, and tells).
+func (q *queue) decodeBacklog(b *backlog, offset int64, raw [][]byte, dst []*ferry.EnhancedMessage) int {
+	for i, data := range raw {
+		m, _, err := codec.Decode(data)
+		if err != nil {
+			clear(dst[:i])
+			q.mu.Lock()
+			if q.bl == b {
+				q.stopBacklogLocked()
+			}
+			q.mu.Unlock()
+			return 0
+		}
+		m.Queue, m.Offset = q.id.Queue, offset+int64(i)
+		dst[i] = m
+	}
+	return len(raw)
+}
+
 // trimBacklogLocked drops what b holds below offset, for a Read at
 // offset (at or past b's head); q.mu is held.
 func (q *queue) trimBacklogLocked(b *backlog, offset int64) {
 	k := int(min(offset-b.head, int64(len(b.buf))))
 	for i := range k {
-		b.bytes -= b.buf[i].size
+		b.bytes -= len(b.buf[i].data)
 	}
 	b.dropLocked(k)
 	b.head = offset
@@ -406,7 +427,7 @@ func (q *queue) pushedGoodLocked(e *backlogEntry) bool {
 	if age := q.meta.Retention.MaxAge; age > 0 {
 		fresh = min(fresh, age/4)
 	}
-	off := e.m.Offset
+	off := e.off
 	switch {
 	case time.Since(e.at) > fresh, off < q.oldest:
 		return false

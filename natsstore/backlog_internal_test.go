@@ -1,9 +1,11 @@
 package natsstore
 
 import (
+	"context"
 	"testing"
 
 	"github.com/ferrymq/ferry"
+	"github.com/ferrymq/ferry/codec"
 )
 
 func TestAckSeqPending(t *testing.T) {
@@ -34,7 +36,7 @@ func TestAckSeqPending(t *testing.T) {
 // and one the Reads fall behind grows it, keeping every entry in order.
 func TestBacklogKeepReuses(t *testing.T) {
 	b := &backlog{}
-	entry := func(off int64) backlogEntry { return backlogEntry{m: &ferry.EnhancedMessage{Offset: off}} }
+	entry := func(off int64) backlogEntry { return backlogEntry{data: []byte{1}, off: off} }
 	next, want := int64(0), int64(0)
 	check := func() {
 		t.Helper()
@@ -42,8 +44,8 @@ func TestBacklogKeepReuses(t *testing.T) {
 			t.Fatalf("holds %d, want %d", len(b.buf), next-want)
 		}
 		for i, e := range b.buf {
-			if e.m.Offset != want+int64(i) {
-				t.Fatalf("entry %d is offset %d, want %d", i, e.m.Offset, want+int64(i))
+			if e.off != want+int64(i) {
+				t.Fatalf("entry %d is offset %d, want %d", i, e.off, want+int64(i))
 			}
 		}
 	}
@@ -84,8 +86,34 @@ func TestBacklogKeepReuses(t *testing.T) {
 	want = next
 	check()
 	for i := range b.arr[:cap(b.arr)] {
-		if b.arr[:cap(b.arr)][i].m != nil {
+		if b.arr[:cap(b.arr)][i].data != nil {
 			t.Fatalf("slot %d still holds a message", i)
 		}
+	}
+}
+
+// TestDecodeBacklog: the records a backlog reader served are decoded at
+// their offsets; an undecodable one serves nothing and stops the reader,
+// so that the Read gets (and tells).
+func TestDecodeBacklog(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := &backlog{cancel: cancel}
+	q := &queue{id: ferry.QueueID{Topic: "t", Queue: 2}, bl: b}
+	good := func(body string) []byte {
+		return codec.Append(nil, &ferry.EnhancedMessage{Message: ferry.Message{Topic: "t", Body: []byte(body)}})
+	}
+	dst := make([]*ferry.EnhancedMessage, 3)
+	n := q.decodeBacklog(b, 40, [][]byte{good("a"), good("b")}, dst)
+	if n != 2 || dst[0].Offset != 40 || dst[1].Offset != 41 || dst[1].Queue != 2 || string(dst[1].Body) != "b" {
+		t.Fatalf("decoded %d: %+v %+v", n, dst[0], dst[1])
+	}
+	clear(dst)
+	n = q.decodeBacklog(b, 42, [][]byte{good("c"), {0xff, 1, 2}, good("e")}, dst)
+	if n != 0 || dst[0] != nil {
+		t.Fatalf("an undecodable record: served %d (%v)", n, dst[0])
+	}
+	if q.bl != nil || ctx.Err() == nil {
+		t.Fatal("an undecodable record left the reader running")
 	}
 }

@@ -82,14 +82,28 @@ func (q *queue) natsMsgID(m *ferry.EnhancedMessage) string {
 }
 
 // natsMsg returns m as published: on the queue's subject with its
-// MessageID as Nats-Msg-Id, or under its key.
-func (q *queue) natsMsg(m *ferry.EnhancedMessage) *nats.Msg {
-	subj, id := q.subject, m.ID.String()
+// MessageID as Nats-Msg-Id if withID, or under its key (always with its
+// key's Nats-Msg-Id).
+//
+// Of the messages without a key in an atomic batch, only the first
+// carries its Nats-Msg-Id: the stream stores a batch whole or not at
+// all, so that one ID tells whether a try stored the batch (the stream
+// refuses a retried batch whole, and the retry finds it by that ID: see
+// resolveBatch and findAsync), and the others would only cost each
+// record ~47 bytes and a header every reader decodes (nats.go parses
+// every message's headers into a map), and the server the bookkeeping
+// of an ID over the duplicate window. Records written before carry an
+// ID each, which nothing reads but a retry looking for its own.
+func (q *queue) natsMsg(m *ferry.EnhancedMessage, withID bool) *nats.Msg {
 	if q.keyed(m) {
 		tok := keyToken(m.DedupKey)
-		subj, id = q.subject+".k."+tok, keyIDPrefix+tok
+		return &nats.Msg{Subject: q.subject + ".k." + tok, Header: nats.Header{jetstream.MsgIDHeader: []string{keyIDPrefix + tok}}, Data: codec.Append(nil, m)}
 	}
-	return &nats.Msg{Subject: subj, Header: nats.Header{jetstream.MsgIDHeader: []string{id}}, Data: codec.Append(nil, m)}
+	h := make(nats.Header, 4) // room for the batch headers
+	if withID {
+		h[jetstream.MsgIDHeader] = []string{m.ID.String()}
+	}
+	return &nats.Msg{Subject: q.subject, Header: h, Data: codec.Append(nil, m)}
 }
 
 // plan is a Write's messages as it publishes them.
@@ -107,6 +121,7 @@ type plan struct {
 func (q *queue) newPlan(msgs []*ferry.EnhancedMessage, now int64) *plan {
 	p := &plan{msgs: msgs, keep: make([]int, 0, len(msgs)), out: make([]*nats.Msg, 0, len(msgs))}
 	var seen map[string]int
+	idGiven := false // an unkeyed message kept carries its Nats-Msg-Id (see natsMsg)
 	for i, m := range msgs {
 		m.Queue, m.Offset, m.StoreUnixNano = q.id.Queue, 0, now
 		if q.keyed(m) {
@@ -127,7 +142,8 @@ func (q *queue) newPlan(msgs []*ferry.EnhancedMessage, now int64) *plan {
 			p.keyed = true
 		}
 		p.keep = append(p.keep, i)
-		p.out = append(p.out, q.natsMsg(m))
+		p.out = append(p.out, q.natsMsg(m, !idGiven))
+		idGiven = idGiven || !q.keyed(m)
 	}
 	return p
 }

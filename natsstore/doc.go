@@ -9,8 +9,10 @@
 //   - A queue is a stream, "<prefix>_<topic>_<queue>" (the topic name
 //     escaped, hashed when too long); offset = stream sequence − 1. One
 //     message is written with a publish, several with an atomic batch
-//     publish (at most [MaxBatch]), every message carrying its
-//     [ferry.MessageID] as Nats-Msg-Id so that a retried write is not
+//     publish (at most [MaxBatch]). A single message carries its
+//     [ferry.MessageID] as Nats-Msg-Id, and so does the first message
+//     without a key of a batch (the stream stores a batch whole or not
+//     at all, so that one ID tells), so that a retried write is not
 //     stored twice (see the Write doc of the queues [Store.OpenQueue]
 //     returns).
 //   - The queues are [ferry.Deduplicator]s: a message with a

@@ -20,7 +20,8 @@ import (
 // Write implements [ferry.Queue]. One message is a publish with
 // Nats-Msg-Id set to its [ferry.MessageID] (or, with a dedup key, to the
 // key's: see DedupWindow and dedup.go); several are one atomic batch (at
-// most [MaxBatch]), each message with its ID too. A try whose outcome
+// most [MaxBatch]), each keyed message with its key's ID and the first
+// without a key with its own (see natsMsg). A try whose outcome
 // is unknown (a timeout after sending, no responders while a leader is
 // elected) is repeated with the same IDs until ctx ends: a single message
 // the stream stored already is dropped as a duplicate and its offset
@@ -158,7 +159,9 @@ func (q *queue) publish(ctx context.Context, out []*nats.Msg) (last int64, dup b
 	cp := make([]*nats.Msg, len(out))
 	for i, m := range out {
 		h := make(nats.Header, 4)
-		h[jetstream.MsgIDHeader] = m.Header[jetstream.MsgIDHeader]
+		if id, ok := m.Header[jetstream.MsgIDHeader]; ok { // the first unkeyed and the keyed (see natsMsg)
+			h[jetstream.MsgIDHeader] = id
+		}
 		cp[i] = &nats.Msg{Subject: m.Subject, Header: h, Data: m.Data}
 	}
 	// No flow control: the first message is not a request of its own.

@@ -147,7 +147,7 @@ func (q *queue) publishAsync(msgs []*ferry.EnhancedMessage, ack *jetstream.PubAc
 	nc := q.s.js.Conn()
 	for i, m := range msgs {
 		m.Queue, m.Offset, m.StoreUnixNano = q.id.Queue, 0, now
-		out := q.natsMsg(m)
+		out := q.natsMsg(m, i == 0) // a batch of several has no keys (see keyedBatch)
 		h := out.Header
 		if n > 1 {
 			h[jetstreamext.BatchIDHeader] = []string{batchID}

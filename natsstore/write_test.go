@@ -133,3 +133,62 @@ func TestBatchFull(t *testing.T) {
 		})
 	}
 }
+
+// TestBatchMessageIDs: of a batch's messages without a dedup key only
+// the first is stored with a Nats-Msg-Id (its MessageID), by Write and
+// by WriteAsync; keyed messages carry their key's. The one ID is enough:
+// a batch written again (as a writer does when a try's outcome is
+// unknown, and as WriteAsync's recovery does) is found where it was
+// stored, nothing stored twice.
+func TestBatchMessageIDs(t *testing.T) {
+	ctx := t.Context()
+	c := singleServer(t)
+	st := openStore(t, c, fmt.Sprintf("bi%d", fresh.Add(1)))
+	defer st.Close()
+	q, err := st.OpenQueue(ctx, ferry.TopicMeta{Name: "t", Queues: 1, DedupWindow: time.Minute}, 0)
+	require.NoError(t, err)
+	defer q.Close()
+	js := c.connect(t)
+	stream, err := js.Stream(ctx, natsstore.StreamOf(q))
+	require.NoError(t, err)
+	msgID := func(off int64) string {
+		t.Helper()
+		raw, err := stream.GetMsg(ctx, uint64(off)+1)
+		require.NoError(t, err)
+		return raw.Header.Get("Nats-Msg-Id")
+	}
+
+	batch := newMsgs("t", 4)
+	first, err := q.Write(ctx, batch)
+	require.NoError(t, err)
+	require.Equal(t, batch[0].ID.String(), msgID(first))
+	for i := 1; i < len(batch); i++ {
+		require.Empty(t, msgID(first+int64(i)), "message %d of an unkeyed batch", i)
+	}
+	again, err := q.Write(ctx, batch)
+	require.NoError(t, err)
+	require.Equal(t, first, again, "a batch written again")
+
+	async := newMsgs("t", 3)
+	got := make(chan error, 1)
+	var afirst int64
+	q.(ferry.AsyncWriter).WriteAsync(ctx, async, func(f int64, err error) { afirst = f; got <- err })
+	require.NoError(t, <-got)
+	require.Equal(t, async[0].ID.String(), msgID(afirst))
+	require.Empty(t, msgID(afirst+1))
+	again, err = q.Write(ctx, async)
+	require.NoError(t, err)
+	require.Equal(t, afirst, again, "an asynchronous batch written again")
+
+	mixed := newMsgs("t", 4)
+	mixed[0].DedupKey, mixed[3].DedupKey = "k0", "k3"
+	mfirst, err := q.Write(ctx, mixed)
+	require.NoError(t, err)
+	require.NotEmpty(t, msgID(mfirst), "a keyed message")
+	require.NotEqual(t, mixed[0].ID.String(), msgID(mfirst))
+	require.Equal(t, mixed[1].ID.String(), msgID(mfirst+1), "the first unkeyed message")
+	require.Empty(t, msgID(mfirst+2))
+	require.NotEmpty(t, msgID(mfirst+3), "a keyed message")
+	_, next := q.Offsets()
+	require.Equal(t, int64(4+3+4), next, "nothing stored twice")
+}
