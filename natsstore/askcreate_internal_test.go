@@ -3,6 +3,7 @@ package natsstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -65,4 +66,25 @@ func TestAskCreateBounds(t *testing.T) {
 	_, err = askCreate(cctx, cfg, func(context.Context) (int, error) { calls++; cancel(); return 0, refused })
 	require.ErrorIs(t, err, refused)
 	require.Equal(t, 1, calls, "tries after the caller's context ended")
+}
+
+// TestNoStreamResponseAskedAgain: a request that got "no response from
+// stream" (jetstream's word for no responders, while a stream elects
+// its leader after a node died) was answered by no server: it is asked
+// again, as the other unanswered ones are. A member's leave after a node
+// kill failed on it at once (TestTransactionalNodeKill, once in CI).
+func TestNoStreamResponseAskedAgain(t *testing.T) {
+	require.True(t, unanswered(jetstream.ErrNoStreamResponse))
+	require.True(t, unanswered(fmt.Errorf("delete key: %w", jetstream.ErrNoStreamResponse)))
+	calls := 0
+	v, err := ask(t.Context(), config{opTimeout: time.Minute}, func(context.Context) (int, error) {
+		calls++
+		if calls < 3 {
+			return 0, jetstream.ErrNoStreamResponse
+		}
+		return 7, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 7, v)
+	require.Equal(t, 3, calls)
 }

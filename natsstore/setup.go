@@ -142,11 +142,12 @@ func notFound(err error) bool {
 }
 
 // unanswered: a request no server answered, or answered only that it
-// could not tell yet (no leader).
+// could not tell yet (no leader). jetstream reports no responders to a
+// publish (a KV put or delete too) as ErrNoStreamResponse.
 func unanswered(err error) bool {
 	code, _ := apiCode(err)
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		code == 10008 /* cluster not available */ || code == 10118 /* stream offline */
 }
 
