@@ -346,16 +346,16 @@ func (q *queue) fromBacklog(ctx context.Context, offset int64, dst []*ferry.Enha
 				continue
 			}
 			n := min(len(dst), readBatch, len(b.buf))
-			var raw [readBatch][]byte
+			var raw [readBatch]backlogEntry
 			for i := range n {
-				raw[i] = b.buf[i].data
-				b.bytes -= len(raw[i])
+				raw[i] = b.buf[i]
+				b.bytes -= len(raw[i].data)
 			}
 			b.dropLocked(n)
 			b.head += int64(n)
 			signal(b.room)
 			q.mu.Unlock()
-			n = q.decodeBacklog(b, offset, raw[:n], dst)
+			n = q.decodeBacklog(b, raw[:n], dst)
 			q.blServed.Add(int64(n))
 			return n
 		}
@@ -385,12 +385,12 @@ func (q *queue) fromBacklog(ctx context.Context, offset int64, dst []*ferry.Enha
 	}
 }
 
-// decodeBacklog decodes raw, the records from offset on that b served,
-// into dst and returns how many it decoded: fewer than len(raw) if one
-// is undecodable, which stops b (the Read at it gets, and tells).
-func (q *queue) decodeBacklog(b *backlog, offset int64, raw [][]byte, dst []*ferry.EnhancedMessage) int {
-	for i, data := range raw {
-		m, _, err := codec.Decode(data)
+// decodeBacklog decodes raw, the records b served, into dst and returns
+// how many it decoded: all, or none if one is undecodable, which stops b
+// (the Read gets them instead, and tells).
+func (q *queue) decodeBacklog(b *backlog, raw []backlogEntry, dst []*ferry.EnhancedMessage) int {
+	for i, e := range raw {
+		m, _, err := codec.Decode(e.data)
 		if err != nil {
 			clear(dst[:i])
 			q.mu.Lock()
@@ -400,7 +400,7 @@ func (q *queue) decodeBacklog(b *backlog, offset int64, raw [][]byte, dst []*fer
 			q.mu.Unlock()
 			return 0
 		}
-		m.Queue, m.Offset = q.id.Queue, offset+int64(i)
+		m.Queue, m.Offset = q.id.Queue, e.off
 		dst[i] = m
 	}
 	return len(raw)

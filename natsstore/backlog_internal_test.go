@@ -100,16 +100,16 @@ func TestDecodeBacklog(t *testing.T) {
 	defer cancel()
 	b := &backlog{cancel: cancel}
 	q := &queue{id: ferry.QueueID{Topic: "t", Queue: 2}, bl: b}
-	good := func(body string) []byte {
-		return codec.Append(nil, &ferry.EnhancedMessage{Message: ferry.Message{Topic: "t", Body: []byte(body)}})
+	good := func(off int64, body string) backlogEntry {
+		return backlogEntry{off: off, data: codec.Append(nil, &ferry.EnhancedMessage{Message: ferry.Message{Topic: "t", Body: []byte(body)}})}
 	}
 	dst := make([]*ferry.EnhancedMessage, 3)
-	n := q.decodeBacklog(b, 40, [][]byte{good("a"), good("b")}, dst)
+	n := q.decodeBacklog(b, []backlogEntry{good(40, "a"), good(41, "b")}, dst)
 	if n != 2 || dst[0].Offset != 40 || dst[1].Offset != 41 || dst[1].Queue != 2 || string(dst[1].Body) != "b" {
 		t.Fatalf("decoded %d: %+v %+v", n, dst[0], dst[1])
 	}
 	clear(dst)
-	n = q.decodeBacklog(b, 42, [][]byte{good("c"), {0xff, 1, 2}, good("e")}, dst)
+	n = q.decodeBacklog(b, []backlogEntry{good(42, "c"), {off: 43, data: []byte{0xff, 1, 2}}, good(44, "e")}, dst)
 	if n != 0 || dst[0] != nil {
 		t.Fatalf("an undecodable record: served %d (%v)", n, dst[0])
 	}
