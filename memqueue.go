@@ -38,6 +38,7 @@ type MemoryQueue struct {
 	dd       *dedup.Window      // nil: deduplication off
 	keep     []*EnhancedMessage // scratch of a deduplicated write: what it stores
 	dups     []dupOf            // and what it does not
+	keys     dedup.Keys         // and its keys' hashes
 }
 
 var (
@@ -220,9 +221,10 @@ func (q *MemoryQueue) dedupe(msgs []*EnhancedMessage, size, now int64) ([]*Enhan
 	var kept []*EnhancedMessage
 	copied := false
 	q.dups = q.dups[:0]
+	dedup.HashAll(&q.keys, q.dd, msgs, dedupKey)
 	for i, m := range msgs {
 		if m.DedupKey != "" {
-			if e, dup := q.dd.Put(dedup.HashKey(m.DedupKey), dedup.Entry{Offset: next, ID: m.ID, Stored: now}, now); dup {
+			if e, dup := q.dd.Put(q.keys.Next(m.DedupKey), dedup.Entry{Offset: next, ID: m.ID, Stored: now}, now); dup {
 				if !copied {
 					kept, copied = append(q.keep[:0], msgs[:i]...), true
 				}
@@ -242,6 +244,9 @@ func (q *MemoryQueue) dedupe(msgs []*EnhancedMessage, size, now int64) ([]*Enhan
 	q.keep = kept
 	return kept, size, mark
 }
+
+// dedupKey returns m's DedupKey.
+func dedupKey(m *EnhancedMessage) string { return m.DedupKey }
 
 // dupOf is a message a write does not store, and where the first one
 // with its key went.

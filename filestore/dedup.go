@@ -106,9 +106,10 @@ func (q *queue) dedupe(msgs []*ferry.EnhancedMessage, now int64) ([]*ferry.Enhan
 	mark := q.dd.Mark()
 	next := q.next
 	keep, copied := msgs, false // keep aliases msgs until the first duplicate
+	dedup.HashAll(&q.keys, q.dd, msgs, func(m *ferry.EnhancedMessage) string { return m.DedupKey })
 	for i, m := range msgs {
 		if m.DedupKey != "" {
-			if e, dup := q.dd.Put(dedup.HashKey(m.DedupKey), dedup.Entry{Offset: next, ID: m.ID, Stored: now}, now); dup {
+			if e, dup := q.dd.Put(q.keys.Next(m.DedupKey), dedup.Entry{Offset: next, ID: m.ID, Stored: now}, now); dup {
 				if !copied {
 					keep, copied = append(q.keep[:0], msgs[:i]...), true
 				}

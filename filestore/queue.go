@@ -79,6 +79,7 @@ type queue struct {
 	// messages stored within it; keep is a deduplicated write's scratch.
 	dd   *dedup.Window
 	keep []*ferry.EnhancedMessage
+	keys dedup.Keys // a deduplicated write's keys' hashes
 	// groupHint is about the size of the largest recent groups
 	// (SyncAlways): the writer goroutine waits a little for a group to
 	// reach it. lastSync is how long the last fdatasync took.

@@ -61,6 +61,7 @@ type Window struct {
 	curMin, curMax, prevMax int64
 	// added lists the keys Put added since Mark, for Rollback.
 	added []added
+	warm  uint64 // the sum of Warm's reads
 }
 
 type added struct {
@@ -121,6 +122,58 @@ func (w *Window) Put(key Hash, e Entry, now int64) (Entry, bool) {
 	w.stored(e.Stored)
 	w.added = append(w.added, added{key: key, offset: e.Offset})
 	return Entry{}, false
+}
+
+// Warm prepares the Puts of keys, a batch's: it grows cur for them all
+// first, then reads each key's home slot in both tables, each read
+// independent of the others, so that the processor fetches their cache
+// lines together instead of one Put's miss after the other's. In a window
+// larger than the caches that miss is most of what a new key costs.
+func (w *Window) Warm(keys []Hash) {
+	w.cur.reserveN(len(keys))
+	var sum uint64
+	for _, k := range keys {
+		sum += w.cur.home(k)
+	}
+	if w.prev.live > 0 {
+		for _, k := range keys {
+			sum += w.prev.home(k)
+		}
+	}
+	w.warm = sum // kept, so that the reads are not dropped as unused
+}
+
+// Keys is a write's scratch: the hashes of its keys, taken together by
+// HashAll and handed out in order by Next.
+type Keys struct {
+	hs   []Hash
+	next int
+}
+
+// HashAll hashes the keys of msgs, a write's, in order (key returns ""
+// for a message without one) and has w warm them (see Warm), when there
+// are several: their Puts then take them from k.Next.
+func HashAll[M any](k *Keys, w *Window, msgs []M, key func(M) string) {
+	k.hs, k.next = k.hs[:0], 0
+	if len(msgs) < 2 {
+		return // one Put: nothing to overlap its miss with
+	}
+	for _, m := range msgs {
+		if s := key(m); s != "" {
+			k.hs = append(k.hs, HashKey(s))
+		}
+	}
+	w.Warm(k.hs)
+}
+
+// Next returns the Hash of key, the next keyed message's of the write
+// HashAll took (hashing it there and then if it took none).
+func (k *Keys) Next(key string) Hash {
+	if k.next < len(k.hs) {
+		k.next++
+		return k.hs[k.next-1]
+	}
+	return HashKey(key)
 }
 
 // Mark starts a write: it returns the point Rollback returns to.

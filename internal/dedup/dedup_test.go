@@ -154,8 +154,14 @@ func TestWindowModel(t *testing.T) {
 			mark := w.Mark()
 			undo := map[Hash]*Entry{}
 			wasUnknown := map[Hash]bool{}
-			for range 1 + rng.IntN(4) {
-				k := keys[rng.IntN(len(keys))]
+			batch := make([]Hash, 1+rng.IntN(4))
+			for i := range batch {
+				batch[i] = keys[rng.IntN(len(keys))]
+			}
+			if rng.IntN(2) == 0 {
+				w.Warm(batch) // a batch's writer warms its keys first: nothing changes
+			}
+			for _, k := range batch {
 				e := Entry{Offset: off, Stored: now}
 				m, want := fresh(k, now)
 				old, dup := w.Put(k, e, now)

@@ -109,6 +109,23 @@ func (t *table) reserve() {
 	}
 }
 
+// reserveN grows the table so that n more keys keep it at most three
+// quarters full: no find until then moves the slots.
+func (t *table) reserveN(n int) {
+	for (t.live+n)*4 > len(t.slots)*3 {
+		t.grow()
+	}
+}
+
+// home returns the home slot of key, or 0 when the table has no slots.
+// Warm reads it only to have its cache line fetched.
+func (t *table) home(key Hash) uint64 {
+	if len(t.slots) == 0 {
+		return 0
+	}
+	return t.slots[fp(key)&uint64(len(t.slots)-1)]
+}
+
 // insertAt puts key, which is not in the table, as e into the empty slot
 // i that find returned for it.
 func (t *table) insertAt(i uint64, key Hash, e Entry) {
