@@ -234,7 +234,7 @@ func (d *delayer) act(a *delayAction, now time.Time) int {
 	}
 	q := t.queues[a.target.Queue%len(t.queues)]
 	em := delivered(t, a.msg, a.tag, moveKey(a), a.deliverAt)
-	if err := write(d.ctx, q, em, false, time.Time{}); err != nil {
+	if _, err := write(d.ctx, q, em, false, time.Time{}); err != nil {
 		if errors.Is(err, ErrClosed) && d.ctx.Err() == nil {
 			// Deleted, or created again, through another broker: the
 			// next try sees what the storage holds.

@@ -100,15 +100,17 @@ func (d *delayer) deliverNow(ctx context.Context, em *EnhancedMessage, target Qu
 	}
 	q := t.queues[target.Queue%len(t.queues)]
 	w := delivered(t, em, em.Tag, em.DedupKey, time.Time{})
-	if err := write(ctx, q, w, wait, time.Time{}); err != nil {
+	first, err := write(ctx, q, w, wait, time.Time{})
+	if err != nil {
 		return SendResult{}, err
 	}
 	id := QueueID{Topic: t.meta.Name, Queue: target.Queue % len(t.queues)}
-	return SendResult{ID: w.ID, Queue: id, Offset: w.Offset, DeliverAt: at, Target: id}, nil
+	return SendResult{ID: w.ID, Queue: id, Offset: w.Offset, DeliverAt: at, Target: id, Duplicate: w.Offset != first}, nil
 }
 
 // delivered returns em as it goes to its target topic t, with the tag
-// tag and the deduplication key key: without the headers of a level's
+// tag and the deduplication key key (a level key back as the user's, see
+// userKey): without the headers of a level's
 // message of an earlier version and, unless due is zero, with its due
 // time in HeaderDeliverAt.
 func delivered(t *topicState, em *EnhancedMessage, tag, key string, due time.Time) *EnhancedMessage {
@@ -125,7 +127,7 @@ func delivered(t *topicState, em *EnhancedMessage, tag, key string, due time.Tim
 		}
 	}
 	return &EnhancedMessage{
-		Message: Message{Topic: t.meta.Name, Key: em.Key, Tag: tag, Headers: h, Body: em.Body, DedupKey: key},
+		Message: Message{Topic: t.meta.Name, Key: em.Key, Tag: tag, Headers: h, Body: em.Body, DedupKey: userKey(t.meta.Name, key)},
 		ID:      em.ID, BornUnixNano: em.BornUnixNano, Origin: em.Origin,
 	}
 }
@@ -185,12 +187,12 @@ func (d *delayer) placeAt(ctx context.Context, pl *placing) (SendResult, error) 
 			w = new(EnhancedMessage)
 		}
 		delayedMessage(w, lv, em, target, at, now.Add(hop), pl.inc)
-		err = write(ctx, lv.queue, w, pl.wait, d.stamp(now))
+		first, err := write(ctx, lv.queue, w, pl.wait, d.stamp(now))
 		lv.wmu.Unlock()
 		if err != nil {
 			return SendResult{}, err
 		}
-		return SendResult{ID: w.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: at, Target: target}, nil
+		return SendResult{ID: w.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: at, Target: target, Duplicate: w.Offset != first}, nil
 	}
 }
 
@@ -239,14 +241,14 @@ func delayedMessage(w *EnhancedMessage, lv *level, em *EnhancedMessage, target Q
 	// Written in place: the block's bytes up to len(lv.tags) are never
 	// written again.
 	if room := 5*20 + len(target.Topic) + len(em.Tag); room > tagBlock/8 {
-		fillDelayed(w, lv, em, string(appendDelayTag(nil, em, target, at, hop, inc)))
+		fillDelayed(w, lv, em, string(appendDelayTag(nil, em, target, at, hop, inc)), target.Topic)
 		return w
 	} else if cap(lv.tags)-len(lv.tags) < room {
 		lv.tags = make([]byte, 0, tagBlock)
 	}
 	start := len(lv.tags)
 	lv.tags = lv.appendTag(lv.tags, em, target, at, hop, inc)
-	fillDelayed(w, lv, em, unsafe.String(&lv.tags[start], len(lv.tags)-start))
+	fillDelayed(w, lv, em, unsafe.String(&lv.tags[start], len(lv.tags)-start), target.Topic)
 	return w
 }
 
@@ -309,6 +311,7 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 			return err
 		}
 		batch, placed, alone, ends = batch[:0], placed[:0], alone[:0], ends[:0]
+		var first int64
 		lv.wmu.Lock()
 		now := guess // see level.placeTime
 		if lv.floor.After(now) {
@@ -351,11 +354,11 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 					}
 					w, slab = &slab[0], slab[1:]
 				}
-				fillDelayed(w, lv, ms[i].em, all[start:ends[k]])
+				fillDelayed(w, lv, ms[i].em, all[start:ends[k]], ms[i].target.Topic)
 				start = ends[k]
 				batch = append(batch, w)
 			}
-			_, err = writeAt(ctx, lv.queue, batch, d.stamp(now))
+			first, err = writeAt(ctx, lv.queue, batch, d.stamp(now))
 		}
 		lv.wmu.Unlock()
 		if err != nil {
@@ -365,6 +368,7 @@ func (d *delayer) placeBatchFrom(ctx context.Context, ms []delayed, guess time.T
 			w := batch[k]
 			*ms[i].res = SendResult{ID: w.ID, Queue: QueueID{Topic: lv.t.meta.Name}, Offset: w.Offset, DeliverAt: ms[i].at, Target: ms[i].target}
 		}
+		Duplicates(first, batch, func(k int) { ms[placed[k]].res.Duplicate = true })
 		for _, i := range alone {
 			m := ms[i]
 			res, err := d.placeFrom(ctx, &placing{em: m.em, target: m.target, at: m.at, inc: m.inc, own: m.own, wait: true})
@@ -427,10 +431,12 @@ func (lv *level) appendTag(b []byte, em *EnhancedMessage, target QueueID, at, ho
 	return append(b, em.Tag...)
 }
 
-// fillDelayed makes w em as level lv stores it, with the tag tag (w may
-// be em). It shares em's headers (messages are not modified once sent),
-// unless they are those of a level's message of an earlier version.
-func fillDelayed(w *EnhancedMessage, lv *level, em *EnhancedMessage, tag string) {
+// fillDelayed makes w em as level lv stores it, with the tag tag, bound
+// for topic target (w may be em): a user's DedupKey becomes its level
+// key (see levelKey). It shares em's headers (messages are not modified
+// once sent), unless they are those of a level's message of an earlier
+// version.
+func fillDelayed(w *EnhancedMessage, lv *level, em *EnhancedMessage, tag, target string) {
 	h := em.Headers
 	if hasDelayHeader(h) {
 		h = make(map[string]string, len(em.Headers))
@@ -441,7 +447,7 @@ func fillDelayed(w *EnhancedMessage, lv *level, em *EnhancedMessage, tag string)
 		}
 	}
 	// Field by field (see Producer.prepare), which also lets w be em.
-	w.Topic, w.Key, w.Tag, w.Headers, w.Body, w.DedupKey = lv.t.meta.Name, em.Key, tag, h, em.Body, em.DedupKey
+	w.Topic, w.Key, w.Tag, w.Headers, w.Body, w.DedupKey = lv.t.meta.Name, em.Key, tag, h, em.Body, levelKey(target, em.DedupKey)
 	w.DeliverAt = time.Time{}
 	w.ID, w.BornUnixNano, w.Origin = em.ID, em.BornUnixNano, em.Origin
 	w.Queue, w.Offset, w.StoreUnixNano = 0, 0, 0
@@ -479,20 +485,19 @@ func (d *delayer) stamp(now time.Time) time.Time {
 	return time.Time{}
 }
 
-// write writes one message to q; wait false uses TryWrite where q has it.
-// now, unless zero, is a reading of the system clock taken just before,
-// for a MemoryQueue to stamp m with (see MemoryQueue.write).
-func write(ctx context.Context, q Queue, m *EnhancedMessage, wait bool, now time.Time) error {
+// write writes one message to q and returns the offset the write
+// returned (not m's when m was a duplicate, see [Duplicates]); wait
+// false uses TryWrite where q has it. now, unless zero, is a reading of
+// the system clock taken just before, for a MemoryQueue to stamp m with
+// (see MemoryQueue.write).
+func write(ctx context.Context, q Queue, m *EnhancedMessage, wait bool, now time.Time) (int64, error) {
 	if mq, ok := q.(*MemoryQueue); ok { // the batch stays on the stack
 		one := [1]*EnhancedMessage{m}
-		_, err := mq.write(ctx, one[:], wait, now)
-		return err
+		return mq.write(ctx, one[:], wait, now)
 	}
 	one := []*EnhancedMessage{m}
 	if tw, ok := q.(TryWriter); ok && !wait {
-		_, err := tw.TryWrite(one)
-		return err
+		return tw.TryWrite(one)
 	}
-	_, err := q.Write(ctx, one)
-	return err
+	return q.Write(ctx, one)
 }

@@ -33,8 +33,12 @@ type Message struct {
 	// (the idempotent producer of Kafka, JetStream's Nats-Msg-Id). Keys
 	// are compared per queue: route messages with the same DedupKey to
 	// the same queue (the default router does, given the same Key). Up
-	// to [MaxDedupKeyLen] bytes; stored with the message (a delayed
-	// message is not deduplicated yet). Empty: no deduplication.
+	// to [MaxDedupKeyLen] bytes, not starting with "%" (the library's
+	// own keys do); stored with the message. A delayed message's key is
+	// checked where it waits, against the delayed sends of the key to
+	// its topic within the window (a retried delayed Send is a
+	// duplicate), and again when it is delivered, against what its topic
+	// stored within its window. Empty: no deduplication.
 	DedupKey string
 	// DeliverAt, when after the broker's clock reads now (see
 	// [WithClock]), delays the message: consumers get it no earlier than
