@@ -313,3 +313,52 @@ func TestDedupWriteAsyncOrder(t *testing.T) {
 	_, end := q.Offsets()
 	require.Equal(t, next, end)
 }
+
+// TestDedupRetriedDelayedSend: the same for a delayed message, whose
+// Send writes it to a delay level: the retried Send finds the first copy
+// there and reports it (its level, offset and ID); the level holds it
+// once.
+func TestDedupRetriedDelayedSend(t *testing.T) {
+	c := singleServer(t)
+	prefix := fmt.Sprintf("dr%d", fresh.Add(1))
+	dropDeployment(t, c, prefix)
+	px := newHoldProxy(t, c.servers[0].Addr().String())
+	st, err := natsstore.Open(t.Context(), connectURL(t, px.url()), natsstore.WithPrefix(prefix))
+	require.NoError(t, err)
+	defer st.Close()
+	b, err := ferry.NewBroker(ferry.WithStorage(st), ferry.WithCursorStore(st))
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(t.Context(), ferry.TopicMeta{Name: "orders", Queues: 1}))
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	at := time.Now().Add(time.Hour)
+	before, err := p.Send(t.Context(), &ferry.Message{Topic: "orders", DedupKey: "order-0", DeliverAt: at}) // creates the level
+	require.NoError(t, err)
+
+	px.hold()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	_, err = p.Send(ctx, &ferry.Message{Topic: "orders", Body: []byte("remind"), DedupKey: "order-1", DeliverAt: at})
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a Send with its connection held")
+	px.heal()
+
+	res, err := p.Send(t.Context(), &ferry.Message{Topic: "orders", Body: []byte("remind"), DedupKey: "order-1", DeliverAt: at})
+	require.NoError(t, err)
+	require.True(t, res.Duplicate, "the retried Send: %+v", res)
+	require.Equal(t, before.Queue, res.Queue, "in the level the first waits in")
+	require.Equal(t, before.Offset+1, res.Offset)
+
+	lv, ok := b.Topic(res.Queue.Topic)
+	require.True(t, ok)
+	q, err := st.OpenQueue(t.Context(), lv, 0)
+	require.NoError(t, err)
+	defer q.Close()
+	oldest, next := q.Offsets()
+	require.Equal(t, [2]int64{before.Offset, res.Offset + 1}, [2]int64{oldest, next}, "stored once")
+	dst := make([]*ferry.EnhancedMessage, 1)
+	_, err = q.Read(t.Context(), res.Offset, dst)
+	require.NoError(t, err)
+	require.Equal(t, dst[0].ID, res.ID, "the duplicate reports the first copy's ID")
+}
