@@ -38,7 +38,7 @@ func TestDelayedSendDedupKey(t *testing.T) {
 	b := newBroker(t, 1)
 	require.NoError(t, b.CreateTopic(ctx, ferry.TopicMeta{Name: "other", Queues: 1}))
 	p := newProducer(t, b)
-	at := time.Now().Add(300 * time.Millisecond)
+	at := time.Now().Add(time.Second) // the sends below are placed long before it is due
 	first, err := p.Send(ctx, &ferry.Message{Topic: "orders", DedupKey: "k", Body: []byte("a"), DeliverAt: at})
 	require.NoError(t, err)
 	assert.False(t, first.Duplicate)
