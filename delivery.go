@@ -108,6 +108,8 @@ type deliverer struct {
 	// bh is the batch handler when h is one (see Batch); nil otherwise.
 	bh *batchHandler
 
+	calls atomic.Pointer[callSlab] // the outbox calls of a Transactional consumer (see outboxCall)
+
 	retryWake chan struct{}
 	mu        sync.Mutex // guards delayed, looping, producer and outbox
 	delayed   retryHeap

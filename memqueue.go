@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferrymq/ferry/internal/dedup"
@@ -39,7 +40,11 @@ type MemoryQueue struct {
 	keep     []*EnhancedMessage // scratch of a deduplicated write: what it stores
 	dups     []dupOf            // and what it does not
 	keys     dedup.Keys         // and its keys' hashes
+	seq      uint64             // its place in the order queues are made: writeAtomic locks queues in it
 }
+
+// memQueueSeq numbers the memory queues as they are made.
+var memQueueSeq atomic.Uint64
 
 var (
 	_ Queue        = (*MemoryQueue)(nil)
@@ -55,7 +60,7 @@ var (
 // [MemoryQueue.SetDedupWindow].
 func NewMemoryQueue(id QueueID, r Retention) *MemoryQueue {
 	r = TopicMeta{Retention: r}.Normalized().Retention
-	return &MemoryQueue{id: id, ret: r, dd: dedup.New(DefaultDedupWindow)}
+	return &MemoryQueue{id: id, ret: r, dd: dedup.New(DefaultDedupWindow), seq: memQueueSeq.Add(1)}
 }
 
 // SetDedupWindow sets the queue's deduplication window, as
@@ -111,24 +116,14 @@ func (q *MemoryQueue) TryWrite(msgs []*EnhancedMessage) (int64, error) {
 // caller's clock reading taken just before (a producer's stamp): it serves
 // as StoreTime unless the write waits for room, which saves a clock read.
 func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait bool, now time.Time) (int64, error) {
-	var size int64
-	keyed := false
-	for i, m := range msgs {
-		if m == nil {
-			return 0, &Error{Op: fmt.Sprintf("write %s: message %d", q.id, i), Err: fmt.Errorf("%w: nil", ErrInvalidMessage)}
-		}
-		size += int64(m.Size())
-		keyed = keyed || m.DedupKey != ""
+	size, keyed, err := q.measure(msgs)
+	if err != nil {
+		return 0, err
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: err}
 	}
-	n := int64(len(msgs))
-	if over(n, q.ret.MaxMessages) || over(size, q.ret.MaxBytes) {
-		return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ErrMessageTooLarge, n, size)}
-	}
-	all, allSize := msgs, size
-	mark := -1 // the window's mark, when this write added keys to it
+	var a admitted
 	q.mu.Lock()
 	for {
 		if q.closed {
@@ -138,25 +133,15 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		if now.IsZero() {
 			now = stampTime() // one clock read per write: it costs as much as the rest of a small write
 		}
-		if keyed && q.dd != nil {
-			msgs, size, mark = q.dedupe(all, allSize, now.UnixNano())
-			n = int64(len(msgs))
-		}
-		q.trim(now, n, size)
-		if q.ret.Overflow == DropOldest || q.fits(n, size) {
+		var ok bool
+		if a, ok = q.admit(msgs, size, keyed, now); ok {
 			break
-		}
-		if mark >= 0 {
-			q.dd.Rollback(mark) // the write waits, and others may go first
 		}
 		if !wait {
 			q.mu.Unlock()
 			return 0, &Error{Op: fmt.Sprintf("write %s", q.id), Err: ErrQueueFull}
 		}
-		if q.space == nil {
-			q.space = make(chan struct{})
-		}
-		space := q.space
+		space := q.spaceLocked()
 		q.mu.Unlock()
 		now = time.Time{} // stored after the wait: read the clock again
 		select {
@@ -166,13 +151,86 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 		}
 		q.mu.Lock()
 	}
+	first := q.appendLocked(a, now)
+	q.mu.Unlock()
+	return first, nil
+}
+
+// measure checks msgs for a write and returns their size, and whether
+// any carries a deduplication key.
+func (q *MemoryQueue) measure(msgs []*EnhancedMessage) (size int64, keyed bool, err error) {
+	for i, m := range msgs {
+		if m == nil {
+			return 0, false, &Error{Op: fmt.Sprintf("write %s: message %d", q.id, i), Err: fmt.Errorf("%w: nil", ErrInvalidMessage)}
+		}
+		size += int64(m.Size())
+		keyed = keyed || m.DedupKey != ""
+	}
+	n := int64(len(msgs))
+	if over(n, q.ret.MaxMessages) || over(size, q.ret.MaxBytes) {
+		return 0, false, &Error{Op: fmt.Sprintf("write %s", q.id), Err: fmt.Errorf("%w: batch of %d messages, %d bytes exceeds retention", ErrMessageTooLarge, n, size)}
+	}
+	return size, keyed, nil
+}
+
+// admitted is what a write admitted to its queue stores: msgs without
+// their duplicates, their size, and the window's mark when the write
+// added keys to it (-1: none).
+type admitted struct {
+	msgs []*EnhancedMessage
+	size int64
+	mark int
+}
+
+// admit deduplicates msgs (of size bytes, keyed when one has a key) and
+// makes room for the rest: false when they do not fit (the queue keeps
+// nothing of them: a write that waits lets others go first). An admitted
+// write must be appended (appendLocked) or undone (unadmit) before q.mu
+// is released. q.mu must be held, and the queue open.
+func (q *MemoryQueue) admit(msgs []*EnhancedMessage, size int64, keyed bool, now time.Time) (admitted, bool) {
+	a := admitted{msgs: msgs, size: size, mark: -1}
+	if keyed && q.dd != nil {
+		a.msgs, a.size, a.mark = q.dedupe(msgs, size, now.UnixNano())
+	}
+	n := int64(len(a.msgs))
+	q.trim(now, n, a.size)
+	if q.ret.Overflow == DropOldest || q.fits(n, a.size) {
+		return a, true
+	}
+	q.unadmit(a)
+	return a, false
+}
+
+// unadmit undoes admit: the keys it added leave the window. q.mu must
+// be held.
+func (q *MemoryQueue) unadmit(a admitted) {
+	if a.mark >= 0 {
+		q.dd.Rollback(a.mark)
+	}
+	clear(q.keep)
+	q.keep = q.keep[:0]
+}
+
+// spaceLocked returns the channel closed when room may have appeared.
+// q.mu must be held.
+func (q *MemoryQueue) spaceLocked() chan struct{} {
+	if q.space == nil {
+		q.space = make(chan struct{})
+	}
+	return q.space
+}
+
+// appendLocked stores what admit admitted, stamped stored at now, and
+// returns the offset of the first (where the next would go when all were
+// duplicates). q.mu must be held.
+func (q *MemoryQueue) appendLocked(a admitted, now time.Time) int64 {
+	msgs, size := a.msgs, a.size
 	first := q.base + int64(len(q.msgs)-q.head)
-	if mark >= 0 {
+	if a.mark >= 0 {
 		q.applyDups()
 	}
-	if n == 0 {
-		q.mu.Unlock()
-		return first, nil
+	if len(msgs) == 0 {
+		return first
 	}
 	if q.head > 0 && q.head >= len(q.msgs)/2 && len(q.msgs)+len(msgs) > cap(q.msgs) {
 		// Reuse the dropped front instead of growing.
@@ -195,14 +253,131 @@ func (q *MemoryQueue) write(ctx context.Context, msgs []*EnhancedMessage, wait b
 	}
 	q.msgs = append(q.msgs, msgs...)
 	q.bytes += size
-	if mark >= 0 {
+	if a.mark >= 0 {
 		clear(q.keep)
 		q.keep = q.keep[:0]
 	}
 	q.trim(now, 0, 0)
 	q.wakeReaders()
-	q.mu.Unlock()
-	return first, nil
+	return first
+}
+
+// tailLocked returns the queue's messages from offset from on (none
+// when from is not retained). q.mu must be held.
+func (q *MemoryQueue) tailLocked(from int64) []*EnhancedMessage {
+	if from < q.base || q.closed {
+		return nil
+	}
+	i := q.head + int(from-q.base)
+	if i >= len(q.msgs) {
+		return nil
+	}
+	return q.msgs[i:]
+}
+
+// memPart is one queue's share of an atomic write across memory queues
+// (see writeAtomic): its messages, and then where the first went, or
+// closed when the queue was closed and took none. (The queues are
+// another slice: with them here, escape analysis would send the
+// messages' slices, often on the caller's stack, to the heap.)
+type memPart struct {
+	msgs   []*EnhancedMessage
+	first  int64
+	closed bool
+}
+
+// writeAtomic writes each part's messages to its queue, qs[i] for
+// parts[i], with every queue locked, so that a reader of the queues sees
+// all of them or none (deduplicated as a write is: a duplicate is not
+// stored, and gets where its first copy went). check, when not nil, is
+// called once everything fits, the queues still locked: its error writes
+// nothing. The first part's queue must be open (else ErrClosed, and
+// nothing is written); another part whose queue is closed is skipped
+// (its closed set). It waits for room as Write does, until ctx ends
+// (writing nothing). The queues must be distinct, at most 8.
+func writeAtomic(ctx context.Context, qs []*MemoryQueue, parts []memPart, check func() error) error {
+	var sizes [8]int64
+	var keyeds [8]bool
+	var adms [8]admitted
+	var order [8]int // the parts in the order their queues are locked
+	if len(parts) > len(order) || len(qs) != len(parts) {
+		return fmt.Errorf("%w: an atomic write of %d parts to %d queues (at most %d)", ErrInvalidMessage, len(parts), len(qs), len(order))
+	}
+	for i := range parts {
+		var err error
+		if sizes[i], keyeds[i], err = qs[i].measure(parts[i].msgs); err != nil {
+			return err
+		}
+		// Locked in the order the queues were made: two writes over the
+		// same queues never wait for each other's locks.
+		j := i
+		for ; j > 0 && qs[order[j-1]].seq > qs[i].seq; j-- {
+			order[j] = order[j-1]
+		}
+		order[j] = i
+	}
+	locked := order[:len(parts)]
+	unlock := func() {
+		for _, i := range locked {
+			qs[i].mu.Unlock()
+		}
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return &Error{Op: fmt.Sprintf("write %s", qs[0].id), Err: err}
+		}
+		for _, i := range locked {
+			qs[i].mu.Lock()
+		}
+		if qs[0].closed {
+			unlock()
+			return &Error{Op: fmt.Sprintf("write %s", qs[0].id), Err: ErrClosed}
+		}
+		now := stampTime()
+		var full chan struct{}
+		done := 0 // parts admitted, in the order of parts
+		for i := range parts {
+			p := &parts[i]
+			if p.closed = qs[i].closed; p.closed {
+				done++
+				continue
+			}
+			a, ok := qs[i].admit(p.msgs, sizes[i], keyeds[i], now)
+			if !ok {
+				full = qs[i].spaceLocked()
+				break
+			}
+			adms[i] = a
+			done++
+		}
+		var err error
+		if full == nil && check != nil {
+			err = check()
+		}
+		if full != nil || err != nil {
+			for i := range parts[:done] {
+				if !parts[i].closed {
+					qs[i].unadmit(adms[i])
+				}
+			}
+			unlock()
+			if err != nil {
+				return err
+			}
+			select {
+			case <-full:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		for i := range parts {
+			if !parts[i].closed {
+				parts[i].first = qs[i].appendLocked(adms[i], now)
+			}
+		}
+		unlock()
+		return nil
+	}
 }
 
 // dedupe returns the messages of msgs (of size bytes) the write stores,

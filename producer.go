@@ -80,16 +80,20 @@ const slabSize = int32((8192 - 24) / unsafe.Sizeof(EnhancedMessage{}))
 
 // envelope returns a zeroed envelope from the producer's slab and the ID
 // counter value reserved for it.
-func (p *Producer) envelope() (*EnhancedMessage, uint64) {
+func (p *Producer) envelope() (*EnhancedMessage, uint64) { return takeEnvelope(&p.slab) }
+
+// takeEnvelope returns a zeroed envelope from *slab, which it fills
+// when it is used up, and the ID counter value reserved for it.
+func takeEnvelope(slab *atomic.Pointer[envSlab]) (*EnhancedMessage, uint64) {
 	for {
-		s := p.slab.Load()
+		s := slab.Load()
 		if s != nil {
 			if i := s.next.Add(1) - 1; i < slabSize {
 				return &s.ms[i], s.ids + uint64(i)
 			}
 		}
 		fresh := &envSlab{ids: reserveIDs(int(slabSize))}
-		p.slab.CompareAndSwap(s, fresh) // a racing Send may have put one: use it
+		slab.CompareAndSwap(s, fresh) // a racing Send may have put one: use it
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,7 +24,12 @@ import (
 // log write together (one write per target queue), each with a
 // deduplication key derived from the record's position (the message's
 // own [Message.DedupKey] when it has one), so that writing them again
-// stores nothing twice; the offset then finishes as any handled one.
+// stores nothing twice; the offset then finishes as any handled one. In
+// memory, where the log and the outputs' queues are memory queues (and
+// no output is delayed), the record and the outputs are one write, made
+// with every queue involved locked: a consumer sees all of them or none,
+// a next owner has nothing to write again, and the outputs carry no
+// derived keys (a key the sender gave is checked as ever).
 //
 // The next owner of a queue (after a rebalance, a lease lost, a crash)
 // first writes a take marker with its lease token to the queue's log,
@@ -87,6 +93,7 @@ type Outbox struct {
 	d     *deliverer
 	mu    sync.Mutex
 	outs  []txnOutput
+	one   [1]txnOutput // outs of a call that sends one message
 	bytes int
 	done  bool
 }
@@ -225,6 +232,9 @@ func (o *Outbox) keep(out txnOutput, m *Message) error {
 	case o.bytes+n > DefaultMaxMessageBytes:
 		return fmt.Errorf("%w: the outbox's messages would take %d bytes, over %d", ErrMessageTooLarge, o.bytes+n, DefaultMaxMessageBytes)
 	}
+	if o.outs == nil {
+		o.outs = o.one[:0]
+	}
 	o.outs = append(o.outs, out)
 	o.bytes += n
 	return nil
@@ -265,15 +275,45 @@ func (d *deliverer) outboxProducer() (*Producer, error) {
 	return p, nil
 }
 
+// outboxCall is what a Transactional handler call gets: its outbox, and
+// the context that carries it.
+type outboxCall struct {
+	ob  Outbox
+	ctx outboxCtx
+}
+
+// callSlab is a block of outbox calls that a deliverer's calls take one
+// by one, as a producer's Sends take envelopes (see envSlab): one
+// allocation for callSlabLen calls. An outbox or context a handler keeps
+// keeps its block.
+type callSlab struct {
+	next  atomic.Int32
+	calls [callSlabLen]outboxCall
+}
+
+const callSlabLen = 32
+
+// outboxCall returns a zeroed outbox call from d's block, which it
+// replaces when used up.
+func (d *deliverer) outboxCall() *outboxCall {
+	for {
+		s := d.calls.Load()
+		if s != nil {
+			if i := s.next.Add(1) - 1; i < callSlabLen {
+				return &s.calls[i]
+			}
+		}
+		d.calls.CompareAndSwap(s, &callSlab{}) // a racing call may have put one: use it
+	}
+}
+
 // callOutbox is call for a Transactional consumer: the handler gets an
 // outbox in its context, and what it sent commits with msg's offset
 // when it succeeds (see txnLog.commit).
 func (d *deliverer) callOutbox(dctx *deliveryCtx, hc *handlerCtx, r *queueRun, msg, view *EnhancedMessage) error {
-	both := &struct { // one allocation for the two
-		ob  Outbox
-		ctx outboxCtx
-	}{ob: Outbox{d: d}}
-	ob, ctx := &both.ob, &both.ctx
+	call := d.outboxCall()
+	ob, ctx := &call.ob, &call.ctx
+	ob.d = d
 	ctx.Context, ctx.ob = hc, ob
 	ob.ctx = ctx
 	var err error

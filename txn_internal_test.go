@@ -239,3 +239,141 @@ func TestTxnOutputsAfterFinish(t *testing.T) {
 		assert.Equal(t, strconv.Itoa(i), string(m.Body), "outputs in the order of their inputs")
 	}
 }
+
+// forgetfulCursors is a cursor store that drops the commits of topic
+// while forget is set, as a crash would before they were made durable.
+type forgetfulCursors struct {
+	*MemoryCursorStore
+	topic  string
+	forget sync.Mutex // guards on
+	on     bool       // commits of topic are dropped
+}
+
+func (s *forgetfulCursors) drops(topic string) bool {
+	s.forget.Lock()
+	defer s.forget.Unlock()
+	return s.on && topic == s.topic
+}
+
+func (s *forgetfulCursors) Commit(ctx context.Context, topic, group string, queue int, offset int64) error {
+	if s.drops(topic) {
+		return nil
+	}
+	return s.MemoryCursorStore.Commit(ctx, topic, group, queue, offset)
+}
+
+func (s *forgetfulCursors) CommitFenced(ctx context.Context, topic, group string, queue int, offset int64, token uint64) error {
+	if s.drops(topic) {
+		return nil
+	}
+	return s.MemoryCursorStore.CommitFenced(ctx, topic, group, queue, offset, token)
+}
+
+func (s *forgetfulCursors) CommitFinished(ctx context.Context, topic, group string, queue int, offset int64, finished []int64, token uint64) error {
+	if s.drops(topic) {
+		return nil
+	}
+	return s.MemoryCursorStore.CommitFinished(ctx, topic, group, queue, offset, finished, token)
+}
+
+func (s *forgetfulCursors) set(on bool) {
+	s.forget.Lock()
+	s.on = on
+	s.forget.Unlock()
+}
+
+// TestTxnMemoryOneWrite: in memory a call's record and its outputs are
+// one atomic write: the record says so (its body), the outputs carry no
+// keys of their own, and a next owner that finds the records of inputs
+// its cursor does not pass finishes them as they are: it neither
+// handles them again nor writes their outputs again.
+func TestTxnMemoryOneWrite(t *testing.T) {
+	ctx := context.Background()
+	cs := &forgetfulCursors{MemoryCursorStore: NewMemoryCursorStore(), topic: "in", on: true}
+	b, err := NewBroker(WithCursorStore(cs))
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "in", Queues: 1}))
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "out", Queues: 2}))
+	var mu sync.Mutex
+	calls := 0
+	h := HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		ob := OutboxFrom(ctx)
+		for i := range 2 { // to both queues of out
+			if err := ob.Send(&Message{Topic: "out", Key: strconv.Itoa(i), Body: append(m.Body, byte('a'+i))}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	out, err := b.topic("out")
+	require.NoError(t, err)
+	stored := func() (n int64) {
+		for _, q := range out.queues {
+			_, next := q.Offsets()
+			n += next
+		}
+		return n
+	}
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	const n = 20
+	for i := range n {
+		_, err = p.Send(ctx, &Message{Topic: "in", Body: []byte(strconv.Itoa(i))})
+		require.NoError(t, err)
+	}
+	c1, err := b.NewConsumer("g", "in", h, Transactional())
+	require.NoError(t, err)
+	require.NoError(t, c1.Start(ctx))
+	require.Eventually(t, func() bool { return stored() == 2*n }, 5*time.Second, time.Millisecond)
+	require.NoError(t, c1.Close())
+	offs, err := cs.Load(ctx, "in", "g", 1)
+	require.NoError(t, err)
+	require.Less(t, offs[0], int64(1), "the input's cursor was committed: nothing left to take")
+
+	name, err := TransactionLog("g", "in")
+	require.NoError(t, err)
+	lt, err := b.topic(name)
+	require.NoError(t, err)
+	oldest, next := lt.queues[0].Offsets()
+	dst := make([]*EnhancedMessage, next-oldest)
+	got, err := lt.queues[0].Read(ctx, oldest, dst)
+	require.NoError(t, err)
+	records := 0
+	for _, m := range dst[:got] {
+		if marker, _, _, err := parseTxnTag(m.Tag); err == nil && !marker {
+			records++
+			assert.Equal(t, txnWrittenBody, m.Body, "record at %d", m.Offset)
+		}
+	}
+	assert.Equal(t, n, records, "a record for each input")
+	for _, q := range out.queues {
+		_, next := q.Offsets()
+		dst := make([]*EnhancedMessage, next)
+		got, err := q.Read(ctx, 0, dst)
+		require.NoError(t, err)
+		for _, m := range dst[:got] {
+			assert.Empty(t, m.DedupKey, "output %s", m.Body)
+		}
+	}
+
+	cs.set(false)
+	c2, err := b.NewConsumer("g", "in", h, Transactional())
+	require.NoError(t, err)
+	require.NoError(t, c2.Start(ctx))
+	defer c2.Close()
+	_, err = p.Send(ctx, &Message{Topic: "in", Body: []byte("last")})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		lag, err := b.Lag(ctx, "g", "in")
+		return err == nil && lag.Lag == 0
+	}, 5*time.Second, time.Millisecond)
+	mu.Lock()
+	assert.Equal(t, n+1, calls, "handled once each: the next owner finished the first n from their records")
+	mu.Unlock()
+	assert.Equal(t, int64(2*n+2), stored(), "outputs stored once each")
+}

@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // txnLog is a held queue's transaction log (see Transactional): queue q
@@ -52,6 +54,9 @@ type txnLog struct {
 	kick     chan struct{} // capacity 1: records for an idle applier
 	stopped  bool          // the holding ended: no applier starts
 	awg      sync.WaitGroup
+
+	slab atomic.Pointer[envSlab] // the records' envelopes (see newRecord)
+	tags []byte                  // the current block of the records' tags in memory (see blockTag); under wmu
 }
 
 // floorEvery is how often at most the committer commits a transaction
@@ -242,10 +247,12 @@ func (tl *txnLog) loadFloor(ctx context.Context) (int64, error) {
 // message ID seen before for a retried write of it (natsstore publishes
 // it as Nats-Msg-Id), and a zero ID on every record would make each
 // record after the first a duplicate of it.
+// The envelope comes from the log's slab, as a producer's do.
 func (tl *txnLog) newRecord(tag string, body []byte) *EnhancedMessage {
 	now := tl.r.m.b.clock.now()
-	em := &EnhancedMessage{Message: Message{Topic: tl.name, Tag: tag, Body: body}}
-	em.ID = NewMessageID(now)
+	em, c := takeEnvelope(&tl.slab)
+	em.Topic, em.Tag, em.Body = tl.name, tag, body
+	em.ID = messageID(now, c)
 	em.BornUnixNano = now.UnixNano()
 	return em
 }
@@ -258,26 +265,18 @@ func (tl *txnLog) newRecord(tag string, body []byte) *EnhancedMessage {
 // takeTxn), and the message goes back unfinished. A write refused
 // outright (too large) fails the attempt.
 func (tl *txnLog) commit(ctx context.Context, r *queueRun, off int64, outs []txnOutput) error {
-	var tag [len(txnRecordTag) + 2*20 + 1]byte // the tag built on the stack: one string
-	b := strconv.AppendInt(append(tag[:0], txnRecordTag...), off, 10)
-	b = strconv.AppendUint(append(b, ','), tl.token, 10)
-	rec := tl.newRecord(string(b), encodeTxnRecord(outs))
+	var mp memParts
+	if tl.memoryParts(outs, &mp) {
+		return tl.commitMemory(ctx, r, off, outs, &mp)
+	}
+	rec := tl.newRecord(tl.recordTag(off), encodeTxnRecord(outs))
 	dec := make([]decodedOutput, len(outs))
 	for i, o := range outs {
 		dec[i] = decodedOutput{topic: o.t.meta.Name, q: o.q, inc: o.t.meta.Incarnation, at: o.at, em: o.em}
 	}
 	p, err := tl.write(&txnPending{em: rec, off: off, outs: dec, ctx: ctx, sent: outs})
 	if err != nil {
-		if errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrInvalidMessage) {
-			err = &Error{Op: fmt.Sprintf("commit transaction of %s offset %d", r.id, off), Err: err}
-			sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not stored: %w", err)})
-			return err
-		}
-		// Stored or not, the record is the next owner's to judge.
-		sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not written by this call: its queue was given up (its next owner writes them if the transaction's record was stored): %w", err)})
-		r.m.report(&Error{Op: fmt.Sprintf("commit transaction of %s offset %d: queue given up", r.id, off), Err: err})
-		r.lose()
-		return errGivenUp
+		return tl.notWritten(ctx, r, off, outs, err)
 	}
 	if p.aerr != nil {
 		sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not written by this call: its queue was given up (its next owner writes them): %w", p.aerr)})
@@ -288,10 +287,163 @@ func (tl *txnLog) commit(ctx context.Context, r *queueRun, off int64, outs []txn
 	if !p.queued {
 		sent(ctx, outs, nil)
 	}
+	return tl.landed(r)
+}
+
+// recordTag returns the tag of the record of input offset off.
+func (tl *txnLog) recordTag(off int64) string {
+	var tag [maxRecordTag]byte // the tag built on the stack: one string
+	return string(tl.appendRecordTag(tag[:0], off))
+}
+
+// maxRecordTag is the longest a record's tag can be.
+const maxRecordTag = len(txnRecordTag) + 2*20 + 1
+
+func (tl *txnLog) appendRecordTag(b []byte, off int64) []byte {
+	b = strconv.AppendInt(append(b, txnRecordTag...), off, 10)
+	return strconv.AppendUint(append(b, ','), tl.token, 10)
+}
+
+// blockTag is recordTag cut from the log's current block of tags (a new
+// one when it is full), as a delay level cuts its messages' (see
+// delayedMessage): one allocation for the tags of many records. tl.wmu
+// must be held.
+func (tl *txnLog) blockTag(off int64) string {
+	// Written in place: the block's bytes up to len(tl.tags) are never
+	// written again.
+	if cap(tl.tags)-len(tl.tags) < maxRecordTag {
+		tl.tags = make([]byte, 0, tagBlock)
+	}
+	start := len(tl.tags)
+	tl.tags = tl.appendRecordTag(tl.tags, off)
+	return unsafe.String(&tl.tags[start], len(tl.tags)-start)
+}
+
+// notWritten ends a commit whose record this call did not write (err
+// says why): too large, the attempt fails; else the queue is given up,
+// the record stored or not being the next owner's to judge.
+func (tl *txnLog) notWritten(ctx context.Context, r *queueRun, off int64, outs []txnOutput, err error) error {
+	if errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrInvalidMessage) {
+		err = &Error{Op: fmt.Sprintf("commit transaction of %s offset %d", r.id, off), Err: err}
+		sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not stored: %w", err)})
+		return err
+	}
+	sent(ctx, outs, &Error{Op: "outbox send", Err: fmt.Errorf("not written by this call: its queue was given up (its next owner writes them if the transaction's record was stored): %w", err)})
+	r.m.report(&Error{Op: fmt.Sprintf("commit transaction of %s offset %d: queue given up", r.id, off), Err: err})
+	r.lose()
+	return errGivenUp
+}
+
+// landed ends a commit whose record is in the log: nil, unless the call
+// may no longer finish its input (its queue lost, or past its deadline:
+// the next owner finishes it, with the record's outputs).
+func (tl *txnLog) landed(r *queueRun) error {
 	if !r.h.lands() || r.pastDeadline() {
-		return errGivenUp // the next owner applies it again
+		return errGivenUp
 	}
 	return nil
+}
+
+// memParts is an atomic write's queues in memory: the log's, then one
+// per output queue (writeAtomic takes at most 8).
+type memParts struct {
+	qs [8]*MemoryQueue
+	n  int
+}
+
+// memoryParts reports whether outs commit in memory (commitMemory): the
+// log and every output's queue are memory queues, no output is delayed,
+// and they go to at most 7 queues; it lists the queues in mp.
+func (tl *txnLog) memoryParts(outs []txnOutput, mp *memParts) bool {
+	lq, ok := tl.lq.(*MemoryQueue)
+	if !ok {
+		return false
+	}
+	mp.qs[0], mp.n = lq, 1
+	for i := range outs {
+		o := &outs[i]
+		q, ok := o.t.queues[o.q].(*MemoryQueue)
+		if !ok || !o.at.IsZero() {
+			return false
+		}
+		if !slices.Contains(mp.qs[:mp.n], q) {
+			if mp.n == len(mp.qs) {
+				return false
+			}
+			mp.qs[mp.n] = q
+			mp.n++
+		}
+	}
+	return true
+}
+
+// commitMemory commits in memory: the record (whose body says its outputs
+// were written with it) and the outputs, grouped by queue, are one
+// atomic write (writeAtomic), after a check under its locks that no later
+// owner wrote to the log. So a take sees the record and the outputs or
+// neither, writes none of them again, and the outputs need no keys of
+// their own (a key the sender gave is checked as ever). A write that
+// waits for room in a full queue waits with nothing written.
+func (tl *txnLog) commitMemory(ctx context.Context, r *queueRun, off int64, outs []txnOutput, mp *memParts) error {
+	lq := mp.qs[0]
+	var pbuf [8]memPart
+	var ebuf [8]*EnhancedMessage // the messages of a small commit
+	ems := ebuf[:0]
+	if len(outs)+1 > len(ebuf) {
+		ems = make([]*EnhancedMessage, 0, len(outs)+1)
+	}
+	ems = append(ems, nil) // the record, made under tl.wmu
+	// pbuf by index, not through a slice: a store through a slice would
+	// take ebuf to the heap.
+	pbuf[0].msgs = ems[:1:1]
+	for k, q := range mp.qs[1:mp.n] {
+		from := len(ems)
+		for i := range outs {
+			if outs[i].t.queues[outs[i].q] == Queue(q) {
+				ems = append(ems, outs[i].em)
+			}
+		}
+		pbuf[k+1].msgs = ems[from:len(ems):len(ems)]
+	}
+	parts := pbuf[:mp.n]
+	fence := func() error { // lq locked: a later owner's marker or record fences this holding out
+		for _, m := range lq.tailLocked(tl.next) {
+			if _, _, token, err := parseTxnTag(m.Tag); err == nil && token > tl.token {
+				return errTxnFenced
+			}
+		}
+		return nil
+	}
+	tl.wmu.Lock()
+	ems[0] = tl.newRecord(tl.blockTag(off), txnWrittenBody)
+	tl.mu.Lock()
+	fenced := tl.fenced
+	tl.mu.Unlock()
+	err := errTxnFenced
+	if !fenced {
+		err = writeAtomic(tl.r.hctx, mp.qs[:mp.n], parts, fence)
+	}
+	tl.mu.Lock()
+	if err == nil {
+		at := parts[0].first
+		tl.applied = append(tl.applied, txnApplied{at: at, off: off})
+		tl.next, tl.last = at+1, at
+	} else if errors.Is(err, ErrFenced) {
+		tl.fenced = true
+	}
+	tl.mu.Unlock()
+	tl.wmu.Unlock()
+	if err != nil {
+		return tl.notWritten(ctx, r, off, outs, err)
+	}
+	for i, p := range parts[1:] {
+		if p.closed {
+			id := mp.qs[i+1].ID()
+			tl.r.m.report(&Error{Op: fmt.Sprintf("write outputs of transaction log %s offset %d to %s: dropped", tl.lq.ID(), parts[0].first, id), Err: fmt.Errorf("%w: %q (deleted, or created again since)", ErrTopicNotFound, id.Topic)})
+		}
+	}
+	sent(ctx, outs, nil)
+	return tl.landed(r)
 }
 
 // write writes p's record to the log with whatever other records are

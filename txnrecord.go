@@ -17,6 +17,14 @@ import (
 
 const txnRecordVersion = 1
 
+// txnWrittenVersion is the whole body of a record whose outputs were
+// written with it, in one atomic write (a log in memory, see
+// txnLog.commitMemory): a next owner has none of them to write again.
+const txnWrittenVersion = 2
+
+// txnWrittenBody is the body of every such record (never modified).
+var txnWrittenBody = []byte{txnWrittenVersion}
+
 // decodedOutput is an output read back from a record.
 type decodedOutput struct {
 	topic string
@@ -134,6 +142,9 @@ func (r *txnReader) string(what string) string { return string(r.bytes(what)) }
 // decodeTxnRecord reads a record's body; a body that breaks the format
 // is ErrCorrupt. The messages share nothing with body but their Body.
 func decodeTxnRecord(body []byte) ([]decodedOutput, error) {
+	if len(body) == 1 && body[0] == txnWrittenVersion {
+		return nil, nil
+	}
 	if len(body) == 0 || body[0] != txnRecordVersion {
 		return nil, fmt.Errorf("%w: transaction record of version %v", ErrCorrupt, body[:min(1, len(body))])
 	}
