@@ -105,8 +105,12 @@ func (r *keyHashRouter) Select(m *EnhancedMessage, meta TopicMeta) (int, error) 
 			// message writes no shared memory but the counter.
 			r.last.Store(born)
 			if born-last > r.gap {
-				n := r.n.Load()
-				r.n.CompareAndSwap(n, (n/r.run+1)*r.run) // the run ends
+				// The run ends; one that is already full (or not
+				// started) has ended, and moving on again would
+				// skip a queue.
+				if n := r.n.Load(); n%r.run != 0 {
+					r.n.CompareAndSwap(n, (n/r.run+1)*r.run)
+				}
 			}
 		}
 	}

@@ -98,6 +98,33 @@ func TestKeyHashRouterRoundRobinsSlowEmptyKeys(t *testing.T) {
 	}
 }
 
+// A pause that comes just as a run is full moves to the next queue, not
+// the one after it: every queue still gets its share (a watermill test
+// saw a queue of four get nothing from 256 keyless messages).
+func TestKeyHashRouterPauseAtRunEndSkipsNoQueue(t *testing.T) {
+	r := ferry.KeyHashRouter()
+	meta := ferry.TopicMeta{Name: "t", Queues: 4}
+	at := time.Now()
+	var seq []int
+	for run := range 4 {
+		if run > 0 {
+			at = at.Add(2 * ferry.DefaultStickyGap) // the run is full, then a pause
+		}
+		for range ferry.DefaultStickyRun {
+			at = at.Add(time.Microsecond)
+			q, err := r.Select(&ferry.EnhancedMessage{BornUnixNano: at.UnixNano()}, meta)
+			require.NoError(t, err)
+			seq = append(seq, q)
+		}
+	}
+	counts := make([]int, 4)
+	for _, q := range seq {
+		counts[q]++
+	}
+	want := ferry.DefaultStickyRun
+	assert.Equal(t, []int{want, want, want, want}, counts)
+}
+
 func TestKeyHashRoutersStartOnDifferentQueues(t *testing.T) {
 	meta := ferry.TopicMeta{Name: "t", Queues: 8}
 	born := time.Now()
