@@ -258,6 +258,26 @@ func BenchmarkWindowSteady(b *testing.B) {
 	}
 }
 
+// BenchmarkWindowPut is BenchmarkWindow's Put alone, of keys hashed
+// before the timer: what a new key costs a window of b.N keys.
+func BenchmarkWindowPut(b *testing.B) {
+	hs := make([]Hash, b.N)
+	for i := range hs {
+		hs[i] = HashKey("order-" + strconv.Itoa(i))
+	}
+	w := New(time.Hour)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i, h := range hs {
+		now := int64(i)
+		w.Expire(now)
+		w.Mark()
+		if _, dup := w.Put(h, Entry{Offset: int64(i), Stored: now}, now); dup {
+			b.Fatal("duplicate")
+		}
+	}
+}
+
 // BenchmarkHashKey is the hash alone.
 func BenchmarkHashKey(b *testing.B) {
 	var h Hash
