@@ -162,7 +162,11 @@ func (q *queue) publishAsync(msgs []*ferry.EnhancedMessage, ack *jetstream.PubAc
 		if n > 1 {
 			h[jetstreamext.BatchCommitHeader] = []string{"1"}
 		}
-		f, err := q.s.js.PublishMsgAsync(out, jetstream.WithStallWait(q.s.cfg.opTimeout))
+		// No retries by nats.go: it sends a publish answered "no
+		// responders" again on its own, behind the writes published
+		// after it, and reports it stored there, out of the order
+		// begun. The acker settles such a write instead (recover).
+		f, err := q.s.js.PublishMsgAsync(out, jetstream.WithStallWait(q.s.cfg.opTimeout), jetstream.WithRetryAttempts(0))
 		if err != nil {
 			return err
 		}
