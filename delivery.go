@@ -52,6 +52,9 @@ type deliveryCtx struct {
 	// handled and failed count the worker's handler calls since its
 	// last flush into the deliverer's counters (once a batch).
 	handled, failed uint64
+	// stage holds a Transactional batch's calls for one commit at its
+	// end (see txnStage); nil outside such a batch.
+	stage *txnStage
 }
 
 // flush adds the worker's counts to d's.
@@ -177,6 +180,7 @@ type worker struct {
 	todo     []keyedMsg  // OrderedByKey: the messages a turn starts (see runKeyed)
 	freed    []*keySlot  // OrderedByKey: keys whose message finished, to release
 	guard    *time.Timer // calls another worker when a batch runs long
+	stage    txnStage    // a Transactional batch's calls in memory (see runBatch)
 	sched    atomic.Pointer[scheduler]
 	yielded  time.Time // when it last yielded the processor
 	seq      uint
@@ -333,6 +337,9 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	if d.bh != nil && n > 0 {
 		finished = d.handleBatch(dctx, r, batch[:n], finished)
 	}
+	if r.tl != nil && d.bh == nil {
+		dctx.stage = &w.stage // the calls commit together (see txnStage)
+	}
 	for i, msg := range batch[:n] {
 		if d.bh != nil {
 			break // handled as one
@@ -347,6 +354,11 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 		if d.handle(dctx, r, msg, d.firstAttempt(msg)) {
 			finished = append(finished, msg)
 		}
+	}
+	if st := dctx.stage; st != nil {
+		st.flush(d, dctx)
+		dctx.stage = nil
+		finished = st.finishing(finished)
 	}
 	var end time.Time
 	if timed {

@@ -29,7 +29,13 @@ import (
 // no output is delayed), the record and the outputs are one write, made
 // with every queue involved locked: a consumer sees all of them or none,
 // a next owner has nothing to write again, and the outputs carry no
-// derived keys (a key the sender gave is checked as ever).
+// derived keys (a key the sender gave is checked as ever). There, in
+// concurrent mode, the calls of the batch a handler goroutine takes
+// (the messages it handles one after another before their offsets
+// finish together) commit together at its end, just before their
+// offsets finish: one record for their inputs, and all their outputs,
+// in one such write. Their outputs become visible then, not as each
+// call returns.
 //
 // The next owner of a queue (after a rebalance, a lease lost, a crash)
 // first writes a take marker with its lease token to the queue's log,
@@ -343,6 +349,9 @@ func (d *deliverer) callOutbox(dctx *deliveryCtx, hc *handlerCtx, r *queueRun, m
 	}
 	if err != nil || len(outs) == 0 {
 		return err
+	}
+	if st := dctx.stage; st != nil && st.add(d, dctx, r, stagedCall{msg: msg, attempt: hc.d.Attempt, outs: outs, ctx: octx}) {
+		return nil // committed at the end of the batch (see txnStage)
 	}
 	if err := r.tl.commit(octx, r, msg.Offset, outs); err != nil {
 		dctx.handled--

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,8 +283,9 @@ func (s *forgetfulCursors) set(on bool) {
 	s.forget.Unlock()
 }
 
-// TestTxnMemoryOneWrite: in memory a call's record and its outputs are
-// one atomic write: the record says so (its body), the outputs carry no
+// TestTxnMemoryOneWrite: in memory a batch's calls commit together:
+// one record for their inputs, whose body says its outputs were written
+// with it, and the outputs are one atomic write; the outputs carry no
 // keys of their own, and a next owner that finds the records of inputs
 // its cursor does not pass finishes them as they are: it neither
 // handles them again nor writes their outputs again.
@@ -295,12 +297,21 @@ func TestTxnMemoryOneWrite(t *testing.T) {
 	defer b.Close()
 	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "in", Queues: 1}))
 	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "out", Queues: 2}))
+	const n = 40 // within one batch
 	var mu sync.Mutex
 	calls := 0
+	var c1 *Consumer
 	h := HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
 		mu.Lock()
 		calls++
+		first := calls == 1
 		mu.Unlock()
+		if first { // the rest wait in the buffer, for one batch
+			deadline := time.Now().Add(5 * time.Second)
+			for c1.Stats().Buffered < n && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		}
 		ob := OutboxFrom(ctx)
 		for i := range 2 { // to both queues of out
 			if err := ob.Send(&Message{Topic: "out", Key: strconv.Itoa(i), Body: append(m.Body, byte('a'+i))}); err != nil {
@@ -321,12 +332,11 @@ func TestTxnMemoryOneWrite(t *testing.T) {
 	p, err := b.NewProducer()
 	require.NoError(t, err)
 	defer p.Close()
-	const n = 20
 	for i := range n {
 		_, err = p.Send(ctx, &Message{Topic: "in", Body: []byte(strconv.Itoa(i))})
 		require.NoError(t, err)
 	}
-	c1, err := b.NewConsumer("g", "in", h, Transactional())
+	c1, err = b.NewConsumer("g", "in", h, Transactional(), WithConcurrency(1))
 	require.NoError(t, err)
 	require.NoError(t, c1.Start(ctx))
 	require.Eventually(t, func() bool { return stored() == 2*n }, 5*time.Second, time.Millisecond)
@@ -343,14 +353,32 @@ func TestTxnMemoryOneWrite(t *testing.T) {
 	dst := make([]*EnhancedMessage, next-oldest)
 	got, err := lt.queues[0].Read(ctx, oldest, dst)
 	require.NoError(t, err)
-	records := 0
+	records, inputs := 0, map[int64]int{}
 	for _, m := range dst[:got] {
-		if marker, _, _, err := parseTxnTag(m.Tag); err == nil && !marker {
-			records++
+		marker, off, _, err := parseTxnTag(m.Tag)
+		if err != nil || marker {
+			continue
+		}
+		records++
+		ins, err := recordInputs(off, m.Body)
+		require.NoError(t, err)
+		if len(ins) == 1 {
 			assert.Equal(t, txnWrittenBody, m.Body, "record at %d", m.Offset)
+		} else {
+			assert.Equal(t, byte(txnWrittenManyVersion), m.Body[0], "record at %d", m.Offset)
+		}
+		outs, err := decodeTxnRecord(m.Body)
+		require.NoError(t, err)
+		assert.Empty(t, outs, "record at %d: outputs written with it", m.Offset)
+		for _, in := range ins {
+			inputs[in]++
 		}
 	}
-	assert.Equal(t, n, records, "a record for each input")
+	for i := range int64(n) {
+		assert.Equal(t, 1, inputs[i], "records of input %d", i)
+	}
+	assert.Len(t, inputs, n)
+	assert.Less(t, records, n, "a record for a batch's calls, not for each")
 	for _, q := range out.queues {
 		_, next := q.Offsets()
 		dst := make([]*EnhancedMessage, next)
@@ -376,4 +404,53 @@ func TestTxnMemoryOneWrite(t *testing.T) {
 	assert.Equal(t, n+1, calls, "handled once each: the next owner finished the first n from their records")
 	mu.Unlock()
 	assert.Equal(t, int64(2*n+2), stored(), "outputs stored once each")
+}
+
+// TestTxnMemoryBatchOverRetention: a batch's calls whose outputs
+// together are more than a target's retention takes in one write (each
+// call's alone fits) commit one by one: none fails, none is handled
+// twice, every output is stored once.
+func TestTxnMemoryBatchOverRetention(t *testing.T) {
+	ctx := context.Background()
+	b, err := NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "in", Queues: 1}))
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "out", Queues: 1, Retention: Retention{MaxMessages: 3, Overflow: DropOldest}}))
+	const n = 40
+	var calls atomic.Int64
+	var c *Consumer
+	h := HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
+		if calls.Add(1) == 1 { // the rest wait in the buffer, for one batch
+			deadline := time.Now().Add(5 * time.Second)
+			for c.Stats().Buffered < n && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		return OutboxFrom(ctx).Send(&Message{Topic: "out", Body: m.Body})
+	})
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	for i := range n {
+		_, err = p.Send(ctx, &Message{Topic: "in", Body: []byte(strconv.Itoa(i))})
+		require.NoError(t, err)
+	}
+	c, err = b.NewConsumer("g", "in", h, Transactional(), WithConcurrency(1))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	require.Eventually(t, func() bool {
+		lag, err := b.Lag(ctx, "g", "in")
+		return err == nil && lag.Lag == 0
+	}, 5*time.Second, time.Millisecond)
+	st := c.Stats()
+	assert.Equal(t, uint64(n), st.Handled)
+	assert.Zero(t, st.Failed)
+	assert.Zero(t, st.Retried)
+	assert.Equal(t, int64(n), calls.Load(), "handled once each")
+	q, err := b.Queue("out", 0)
+	require.NoError(t, err)
+	_, next := q.Offsets()
+	assert.Equal(t, int64(n), next, "each output stored once")
 }

@@ -64,6 +64,8 @@ type txnLog struct {
 // (a write and an fdatasync on filestore).
 const floorEvery = 50 * time.Millisecond
 
+// txnApplied is a record applied: its log offset, and its input's (the
+// last of its inputs', for a record of several).
 type txnApplied struct{ at, off int64 }
 
 // txnPending is a record waiting to be written.
@@ -140,23 +142,39 @@ func (r *queueRun) takeTxn(start int64) error {
 	if err != nil {
 		return err
 	}
-	var valid []*EnhancedMessage         // the valid records, in log order
+	type validRecord struct {
+		msg *EnhancedMessage
+		ins []int64 // its inputs (see recordInputs)
+	}
+	var valid []validRecord              // the valid records, in log order
 	last := map[int64]*EnhancedMessage{} // input offset → its last valid record
 	var fence uint64
+	ignored := func(msg *EnhancedMessage, err error) {
+		m.report(&Error{Op: fmt.Sprintf("take %s: transaction log %s offset %d ignored", r.id, tl.lq.ID(), msg.Offset), Err: err})
+	}
 	err = tl.read(r.ctx, max(from, oldest), at, func(msg *EnhancedMessage) {
 		marker, off, token, err := parseTxnTag(msg.Tag)
 		switch {
 		case err != nil:
-			m.report(&Error{Op: fmt.Sprintf("take %s: transaction log %s offset %d ignored", r.id, tl.lq.ID(), msg.Offset), Err: err})
+			ignored(msg, err)
 		case token < fence:
 			// void: written after a later owner's marker or record
 		case marker:
 			fence = token
 		default:
 			fence = token
-			valid = append(valid, msg)
-			if off >= start {
-				last[off] = msg
+			ins, err := recordInputs(off, msg.Body)
+			if err != nil {
+				// Its inputs, if not finished, are handled again: losing
+				// its outputs beats guessing them.
+				ignored(msg, err)
+				return
+			}
+			valid = append(valid, validRecord{msg: msg, ins: ins})
+			for _, in := range ins {
+				if in >= start {
+					last[in] = msg
+				}
 			}
 		}
 	})
@@ -168,22 +186,24 @@ func (r *queueRun) takeTxn(start int64) error {
 	// inputs it finished and committed (stored once all the same: their
 	// keys are the record's).
 	recs := make([]txnRecord, 0, len(valid))
-	for _, msg := range valid {
-		_, off, _, _ := parseTxnTag(msg.Tag)
+	for _, v := range valid {
+		msg := v.msg
 		outs, err := decodeTxnRecord(msg.Body)
 		if err != nil {
 			// Its input, if not finished, is handled again: losing its
 			// outputs beats guessing them.
-			m.report(&Error{Op: fmt.Sprintf("take %s: transaction log %s offset %d ignored", r.id, tl.lq.ID(), msg.Offset), Err: err})
-			if last[off] == msg {
-				delete(last, off)
+			ignored(msg, err)
+			for _, in := range v.ins {
+				if last[in] == msg {
+					delete(last, in)
+				}
 			}
 			continue
 		}
 		recs = append(recs, txnRecord{at: msg.Offset, outs: outs})
-		// The floor keeps it until its input is committed, for a next
-		// owner whose store may not say it finished.
-		tl.applied = append(tl.applied, txnApplied{at: msg.Offset, off: off})
+		// The floor keeps it until its inputs are committed, for a next
+		// owner whose store may not say they finished.
+		tl.applied = append(tl.applied, txnApplied{at: msg.Offset, off: v.ins[len(v.ins)-1]})
 	}
 	if len(recs) > 0 {
 		if err := tl.apply(r.ctx, recs); err != nil {

@@ -3,6 +3,7 @@ package ferry
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -22,8 +23,62 @@ const txnRecordVersion = 1
 // txnLog.commitMemory): a next owner has none of them to write again.
 const txnWrittenVersion = 2
 
-// txnWrittenBody is the body of every such record (never modified).
+// txnWrittenBody is the body of every such record of one input (never
+// modified).
 var txnWrittenBody = []byte{txnWrittenVersion}
+
+// txnWrittenManyVersion begins the body of a record, written with its
+// outputs as txnWrittenVersion's are, of the calls of several inputs
+// (a worker's batch, see txnStage): the count of inputs after the first
+// (whose offset the tag has), then each one's offset as a uvarint step
+// up from the one before.
+const txnWrittenManyVersion = 3
+
+// encodeWrittenInputs returns the body of a record written with its
+// outputs for the inputs offs (ascending; offs[0] is the tag's).
+func encodeWrittenInputs(offs []int64) []byte {
+	if len(offs) == 1 {
+		return txnWrittenBody
+	}
+	b := make([]byte, 0, 1+binary.MaxVarintLen64+2*len(offs))
+	b = append(b, txnWrittenManyVersion)
+	b = binary.AppendUvarint(b, uint64(len(offs)-1))
+	for i := 1; i < len(offs); i++ {
+		b = binary.AppendUvarint(b, uint64(offs[i]-offs[i-1]))
+	}
+	return b
+}
+
+// recordInputs returns the input offsets of a record whose tag says off:
+// off alone, unless its body lists more (txnWrittenManyVersion). A list
+// that breaks the format is ErrCorrupt.
+func recordInputs(off int64, body []byte) ([]int64, error) {
+	if len(body) == 0 || body[0] != txnWrittenManyVersion {
+		return []int64{off}, nil
+	}
+	r := &txnReader{b: body[1:]}
+	n := r.uvarint("input count")
+	if n == 0 || n > uint64(len(r.b)) { // every offset takes a byte
+		r.fail("input count")
+	}
+	offs := []int64{off}
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		step := r.uvarint("input offset")
+		if step == 0 || step > math.MaxInt64-uint64(off) {
+			r.fail("input offset")
+			break
+		}
+		off += int64(step)
+		offs = append(offs, off)
+	}
+	if r.err == nil && len(r.b) != 0 {
+		r.fail("length")
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return offs, nil
+}
 
 // decodedOutput is an output read back from a record.
 type decodedOutput struct {
@@ -142,8 +197,8 @@ func (r *txnReader) string(what string) string { return string(r.bytes(what)) }
 // decodeTxnRecord reads a record's body; a body that breaks the format
 // is ErrCorrupt. The messages share nothing with body but their Body.
 func decodeTxnRecord(body []byte) ([]decodedOutput, error) {
-	if len(body) == 1 && body[0] == txnWrittenVersion {
-		return nil, nil
+	if len(body) == 1 && body[0] == txnWrittenVersion || len(body) > 0 && body[0] == txnWrittenManyVersion {
+		return nil, nil // written with the record (its inputs: recordInputs)
 	}
 	if len(body) == 0 || body[0] != txnRecordVersion {
 		return nil, fmt.Errorf("%w: transaction record of version %v", ErrCorrupt, body[:min(1, len(body))])
