@@ -339,6 +339,7 @@ func (d *deliverer) runBatch(w *worker, r *queueRun) {
 	}
 	if r.tl != nil && d.bh == nil {
 		dctx.stage = &w.stage // the calls commit together (see txnStage)
+		w.stage.start(d)
 	}
 	for i, msg := range batch[:n] {
 		if d.bh != nil {

@@ -454,3 +454,57 @@ func TestTxnMemoryBatchOverRetention(t *testing.T) {
 	_, next := q.Offsets()
 	assert.Equal(t, int64(n), next, "each output stored once")
 }
+
+// TestTxnMemorySlowCallsWaitForNone: a call slower than txnHold commits
+// as it returns, though its batch's other calls are still to run: each
+// call finds the output of the call before it visible.
+func TestTxnMemorySlowCallsWaitForNone(t *testing.T) {
+	ctx := context.Background()
+	b, err := NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "in", Queues: 1}))
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "out", Queues: 1}))
+	out, err := b.Queue("out", 0)
+	require.NoError(t, err)
+	const n = 8
+	var mu sync.Mutex
+	var seen []int64 // the outputs visible as each call starts
+	var c *Consumer
+	h := HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
+		if m.Offset == 0 { // the rest wait in the buffer, for one batch
+			deadline := time.Now().Add(5 * time.Second)
+			for c.Stats().Buffered < n && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		_, next := out.Offsets()
+		mu.Lock()
+		seen = append(seen, next)
+		mu.Unlock()
+		time.Sleep(3 * txnHold) // the call's work
+		return OutboxFrom(ctx).Send(&Message{Topic: "out", Body: m.Body})
+	})
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	for i := range n {
+		_, err = p.Send(ctx, &Message{Topic: "in", Body: []byte(strconv.Itoa(i))})
+		require.NoError(t, err)
+	}
+	c, err = b.NewConsumer("g", "in", h, Transactional(), WithConcurrency(1))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	require.Eventually(t, func() bool {
+		lag, err := b.Lag(ctx, "g", "in")
+		return err == nil && lag.Lag == 0
+	}, 5*time.Second, time.Millisecond)
+	want := make([]int64, n)
+	for i := range want {
+		want[i] = int64(i)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, want, seen, "outputs visible as each call started")
+}

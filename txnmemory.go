@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // memParts is an atomic write's queues in memory: the log's, then one
@@ -146,13 +147,16 @@ func (tl *txnLog) reportDropped(mp *memParts, parts []memPart) {
 // memoryParts) until the end of the batch it takes (see runBatch): the
 // batch's inputs finish together then, and their calls commit together
 // just before, one record for all their inputs with all their outputs,
-// in one atomic write. Outputs are visible as their inputs finish, as a
-// call at a time makes them, for one record and one write a batch
-// rather than a call. A call whose queues would make the write too wide
-// commits what is held first; a commit of several that one call's
-// outputs do not fit commits each call on its own.
+// in one atomic write: one record and one write a batch rather than a
+// call. The outputs become visible at the commit, by the time the inputs
+// finish. A call whose
+// queues would make the write too wide commits what is held first; a
+// commit of several that one call's outputs do not fit commits each call
+// on its own. What is held commits once it is txnHold old when a call
+// returns: a slow call's outputs wait for no other call.
 type txnStage struct {
 	r     *queueRun
+	since time.Time // when the calls held began to be (the batch's start, or the last commit)
 	calls []stagedCall
 	mp    memParts // the log's queue, then the outputs' queues
 	offs  []int64
@@ -179,15 +183,29 @@ func (st *txnStage) add(d *deliverer, dctx *deliveryCtx, r *queueRun, c stagedCa
 	if !r.tl.memoryParts(c.outs, &mp) {
 		return false
 	}
+	now := d.m.b.clock.now()
 	if len(st.calls) > 0 && (st.r != r || !st.mp.merge(&mp)) {
 		st.flush(d, dctx)
+		st.since = now
 	}
 	if len(st.calls) == 0 {
 		st.r, st.mp = r, mp
 	}
 	st.calls = append(st.calls, c)
+	if now.Sub(st.since) >= txnHold {
+		st.flush(d, dctx)
+		st.since = now
+	}
 	return true
 }
+
+// txnHold is how long at most a txnStage holds calls before a call that
+// returns has them commit: the outputs of calls faster than that wait
+// for at most about twice that, those of slower calls for none.
+const txnHold = time.Millisecond
+
+// start starts holding a batch's calls.
+func (st *txnStage) start(d *deliverer) { st.since = d.m.b.clock.now() }
 
 // flush commits the calls held. A call whose commit fails goes on as a
 // failed call: given up (back unfinished), retried or dead-lettered; its
