@@ -2,6 +2,7 @@ package ferry
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -507,4 +508,94 @@ func TestTxnMemorySlowCallsWaitForNone(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, want, seen, "outputs visible as each call started")
+}
+
+// TestTxnMemoryBatchFenced: a batch's calls held while a later owner
+// writes to the log are fenced together when they commit: none of
+// their outputs is stored, and each of their inputs is handled again,
+// its outputs stored once.
+func TestTxnMemoryBatchFenced(t *testing.T) {
+	ctx := context.Background()
+	b, err := NewBroker()
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "in", Queues: 1}))
+	require.NoError(t, b.CreateTopic(ctx, TopicMeta{Name: "out", Queues: 1}))
+	const n = 6
+	first, entered, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	calls := 0
+	var c *Consumer
+	h := HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
+		mu.Lock()
+		calls++
+		call := calls
+		mu.Unlock()
+		switch call {
+		case 1: // alone in its batch; the rest wait in the buffer, for the next one
+			close(first)
+			deadline := time.Now().Add(5 * time.Second)
+			for c.Stats().Buffered < n && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		case 2:
+			close(entered)
+			<-release
+		}
+		return OutboxFrom(ctx).Send(&Message{Topic: "out", Body: fmt.Appendf(nil, "%s/%d", m.Body, call)})
+	})
+	c, err = b.NewConsumer("g", "in", h, Transactional(), WithConcurrency(1))
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	defer c.Close()
+	p, err := b.NewProducer()
+	require.NoError(t, err)
+	defer p.Close()
+	send := func(i int) {
+		_, err := p.Send(ctx, &Message{Topic: "in", Body: []byte("m" + strconv.Itoa(i))})
+		require.NoError(t, err)
+	}
+	send(0)
+	<-first
+	for i := 1; i < n; i++ {
+		send(i)
+	}
+	<-entered
+	c.m.mu.Lock()
+	r := c.m.runs[0]
+	c.m.mu.Unlock()
+	name, err := TransactionLog("g", "in")
+	require.NoError(t, err)
+	lt, err := b.topic(name)
+	require.NoError(t, err)
+	mark := &EnhancedMessage{Message: Message{Topic: name, Tag: txnMarkerTag + strconv.FormatUint(r.lease.Token()+1, 10)}}
+	_, err = lt.queues[0].Write(ctx, []*EnhancedMessage{mark})
+	require.NoError(t, err)
+	close(release)
+
+	require.Eventually(t, func() bool {
+		lag, err := b.Lag(ctx, "g", "in")
+		return err == nil && lag.Lag == 0
+	}, 5*time.Second, time.Millisecond)
+	out, err := b.Queue("out", 0)
+	require.NoError(t, err)
+	dst := make([]*EnhancedMessage, 2*n)
+	got, err := out.Read(ctx, 0, dst)
+	require.NoError(t, err)
+	stored := map[string]int{}
+	for _, m := range dst[:got] {
+		var in, call int
+		_, err := fmt.Sscanf(string(m.Body), "m%d/%d", &in, &call)
+		require.NoError(t, err)
+		stored["m"+strconv.Itoa(in)]++
+		if in > 0 {
+			assert.Greater(t, call, n, "output %s: of a call of the fenced batch", m.Body)
+		}
+	}
+	for i := range n {
+		assert.Equal(t, 1, stored["m"+strconv.Itoa(i)], "outputs of m%d", i)
+	}
+	mu.Lock()
+	assert.Equal(t, 1+2*(n-1), calls, "the fenced batch's calls all ran, and each input ran again")
+	mu.Unlock()
 }
