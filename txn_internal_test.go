@@ -308,10 +308,7 @@ func TestTxnMemoryOneWrite(t *testing.T) {
 		first := calls == 1
 		mu.Unlock()
 		if first { // the rest wait in the buffer, for one batch
-			deadline := time.Now().Add(5 * time.Second)
-			for c1.Stats().Buffered < n && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
+			waitBuffered(t, c1, n)
 		}
 		ob := OutboxFrom(ctx)
 		for i := range 2 { // to both queues of out
@@ -423,10 +420,7 @@ func TestTxnMemoryBatchOverRetention(t *testing.T) {
 	var c *Consumer
 	h := HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
 		if calls.Add(1) == 1 { // the rest wait in the buffer, for one batch
-			deadline := time.Now().Add(5 * time.Second)
-			for c.Stats().Buffered < n && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
+			waitBuffered(t, c, n)
 		}
 		return OutboxFrom(ctx).Send(&Message{Topic: "out", Body: m.Body})
 	})
@@ -474,10 +468,7 @@ func TestTxnMemorySlowCallsWaitForNone(t *testing.T) {
 	var c *Consumer
 	h := HandlerFunc(func(ctx context.Context, m *EnhancedMessage) error {
 		if m.Offset == 0 { // the rest wait in the buffer, for one batch
-			deadline := time.Now().Add(5 * time.Second)
-			for c.Stats().Buffered < n && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
+			waitBuffered(t, c, n)
 		}
 		_, next := out.Offsets()
 		mu.Lock()
@@ -534,10 +525,7 @@ func TestTxnMemoryBatchFenced(t *testing.T) {
 		switch call {
 		case 1: // alone in its batch; the rest wait in the buffer, for the next one
 			close(first)
-			deadline := time.Now().Add(5 * time.Second)
-			for c.Stats().Buffered < n && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
+			waitBuffered(t, c, n)
 		case 2:
 			close(entered)
 			<-release
@@ -598,4 +586,10 @@ func TestTxnMemoryBatchFenced(t *testing.T) {
 	mu.Lock()
 	assert.Equal(t, 1+2*(n-1), calls, "the fenced batch's calls all ran, and each input ran again")
 	mu.Unlock()
+}
+
+// waitBuffered waits, in a handler, until c buffers n messages, so that
+// they are taken as one batch; after 5 s it reports an error and returns.
+func waitBuffered(t *testing.T, c *Consumer, n int) {
+	assert.Eventually(t, func() bool { return c.Stats().Buffered >= n }, 5*time.Second, time.Millisecond, "the consumer buffers %d messages", n)
 }
